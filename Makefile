@@ -1,0 +1,43 @@
+# lightning-srifty: two commands from a fresh clone.
+#   make test   set up .venv and run the test suite
+#   make demo   set up .venv and run the main job on the local backend
+# GPU users: make TORCH_SPEC='torch==2.13.0' TORCH_INDEX='--index-url https://download.pytorch.org/whl/cu126'
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.srifty-installed
+export SKYPILOT_DISABLE_LOCAL_API_SERVER := 1
+export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
+
+.PHONY: setup test demo bench lint typecheck clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v rsync >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq rsync) || echo "warning: rsync missing; SkyPilot dry-run tests will skip"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[launch,plot,dev]"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo: setup
+	$(VENV)/bin/srifty-launch examples/train_digits.py --backend local --yes --target-steps 300
+
+bench: setup
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+lint: setup
+	$(VENV)/bin/ruff check lightning_srifty tests benchmarks examples
+	$(VENV)/bin/ruff format --check lightning_srifty tests benchmarks examples
+
+typecheck: setup
+	$(VENV)/bin/mypy lightning_srifty
+
+clean:
+	rm -rf $(VENV) build *.egg-info

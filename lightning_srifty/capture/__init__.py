@@ -1,0 +1,1 @@
+"""capture layer of lightning-srifty (see DESIGN.md section 3)."""

@@ -1,0 +1,1 @@
+"""cli layer of lightning-srifty (see DESIGN.md section 3)."""

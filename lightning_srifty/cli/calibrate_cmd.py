@@ -1,0 +1,11 @@
+"""``srifty calibrate``: not implemented yet."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Adds the ``calibrate`` sub-command (placeholder until its issue lands)."""
+    p = sub.add_parser("calibrate", help="(coming soon)")
+    p.set_defaults(func=lambda args: print("srifty calibrate: not implemented yet") or 3)

@@ -1,0 +1,11 @@
+"""``srifty predict``: not implemented yet."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Adds the ``predict`` sub-command (placeholder until its issue lands)."""
+    p = sub.add_parser("predict", help="(coming soon)")
+    p.set_defaults(func=lambda args: print("srifty predict: not implemented yet") or 3)

@@ -1,0 +1,11 @@
+"""``srifty profile``: not implemented yet."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Adds the ``profile`` sub-command (placeholder until its issue lands)."""
+    p = sub.add_parser("profile", help="(coming soon)")
+    p.set_defaults(func=lambda args: print("srifty profile: not implemented yet") or 3)

@@ -1,0 +1,11 @@
+"""``srifty simulate``: not implemented yet."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Adds the ``simulate`` sub-command (placeholder until its issue lands)."""
+    p = sub.add_parser("simulate", help="(coming soon)")
+    p.set_defaults(func=lambda args: print("srifty simulate: not implemented yet") or 3)

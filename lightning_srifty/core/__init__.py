@@ -1,0 +1,1 @@
+"""core layer of lightning-srifty (see DESIGN.md section 3)."""

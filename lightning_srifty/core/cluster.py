@@ -1,0 +1,87 @@
+"""A cluster is one or more groups of identical nodes; a plan is a priced cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ClusterGroup:
+    """``nodes`` instances of ``offer``, each using ``gpus_per_node`` accelerators."""
+
+    offer: Offer
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Synchronous data-parallel cluster: the slowest group paces every step."""
+
+    groups: tuple[ClusterGroup, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(g.gpus for g in self.groups)
+
+    @property
+    def nodes(self) -> int:
+        return sum(g.nodes for g in self.groups)
+
+    @property
+    def is_heterogeneous(self) -> bool:
+        return len({g.offer.instance_type for g in self.groups}) > 1
+
+    def hourly_price(self, use_spot: bool) -> float | None:
+        total = 0.0
+        for g in self.groups:
+            price = g.offer.price(use_spot)
+            if price is None:
+                return None
+            total += price * g.nodes
+        return total
+
+    def describe(self) -> str:
+        return " + ".join(
+            f"{g.nodes}x {g.offer.instance_type}"
+            + (f" ({g.gpus_per_node} GPU/node)" if g.gpus_per_node != g.offer.accelerator_count else "")
+            for g in self.groups
+        )
+
+
+def parse_placement(text: str) -> tuple[int, ...]:
+    """``"4444"`` -> (4, 4, 4, 4): GPUs used on each node, as in Pollux traces."""
+    if not text or not text.isdigit() or "0" in text:
+        raise ConfigError(
+            f"--placement {text!r} is not valid: give one digit 1-9 per node, e.g. 4444"
+        )
+    return tuple(int(c) for c in text)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A priced, timed cluster choice the planner recommends or compares."""
+
+    cluster: Cluster
+    use_spot: bool
+    step_s: float
+    step_low_s: float
+    step_high_s: float
+    global_batch: int
+    steps_to_target: int
+    time_to_target_h: float
+    """Expected wall time including preemption overheads for spot plans."""
+    cost_usd: float
+    """Expected cost including lost work and restarts for spot plans."""
+    hourly_usd: float
+    deadline_probability: float = 1.0
+    checkpoint_interval_s: float | None = None
+    preemptions_per_hour: float = 0.0
+    label: str = ""

@@ -1,0 +1,71 @@
+"""Every error lightning-srifty raises on purpose.
+
+One hierarchy so the CLI can turn any of them into a one-line message and a non-zero
+exit code without a traceback, while genuine bugs (anything else) still surface.
+"""
+
+from __future__ import annotations
+
+
+class SriftyError(Exception):
+    """Base class: a problem the user can fix, described in one line."""
+
+    exit_code: int = 2
+
+
+class ConfigError(SriftyError):
+    """A bad flag, option or argument value."""
+
+
+class SchemaError(SriftyError):
+    """A document on disk (profile, calibration, plan) is malformed.
+
+    The message names the file and the field so the user knows where to look.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        self.source = source
+        self.field = field
+        where = []
+        if source:
+            where.append(source)
+        if field:
+            where.append(f"field '{field}'")
+        prefix = ": ".join([", ".join(where)]) + ": " if where else ""
+        super().__init__(f"{prefix}{message}")
+
+
+class ProfileError(SchemaError):
+    """A profile file is malformed, truncated or of a future schema version."""
+
+
+class CatalogError(SchemaError):
+    """A catalog or spec table is malformed, or an instance type is unknown."""
+
+
+class TraceError(SchemaError):
+    """A measurement or spot trace file is malformed (missing column, bad row)."""
+
+
+class CalibrationError(SchemaError):
+    """A calibration document is malformed or cannot be fitted."""
+
+
+class PredictionError(SriftyError):
+    """A prediction cannot be made (for example the model does not fit in memory)."""
+
+
+class InfeasibleError(SriftyError):
+    """No plan meets the constraints; the message says what is achievable."""
+
+
+class CheckpointError(SriftyError):
+    """A checkpoint store cannot be reached, written or read."""
+
+
+class LaunchError(SriftyError):
+    """The launcher cannot start, monitor or stop a job."""
+
+
+class CredentialsError(LaunchError):
+    """Cloud credentials are missing or unusable."""

@@ -1,0 +1,1 @@
+"""io layer of lightning-srifty (see DESIGN.md section 3)."""

@@ -1,0 +1,1 @@
+"""launch layer of lightning-srifty (see DESIGN.md section 3)."""

@@ -49,11 +49,12 @@ class Cluster:
         return total
 
     def describe(self) -> str:
-        return " + ".join(
-            f"{g.nodes}x {g.offer.instance_type}"
-            + (f" ({g.gpus_per_node} GPU/node)" if g.gpus_per_node != g.offer.accelerator_count else "")
-            for g in self.groups
-        )
+        parts = []
+        for g in self.groups:
+            partial = g.gpus_per_node != g.offer.accelerator_count
+            suffix = f" ({g.gpus_per_node} GPU/node)" if partial else ""
+            parts.append(f"{g.nodes}x {g.offer.instance_type}{suffix}")
+        return " + ".join(parts)
 
 
 def parse_placement(text: str) -> tuple[int, ...]:

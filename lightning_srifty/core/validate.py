@@ -6,6 +6,7 @@ mismatch raises the caller's :class:`SchemaError` subclass naming both.
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -37,27 +38,27 @@ class Reader:
             )
         self.data = data
 
-    def _field(self, key: str) -> str:
+    def _field(self, key: builtins.str) -> builtins.str:
         return f"{self.path}.{key}" if self.path else key
 
-    def fail(self, key: str, message: str) -> SchemaError:
+    def fail(self, key: builtins.str, message: builtins.str) -> SchemaError:
         """Builds (does not raise) an error for ``key``."""
         return self.error(message, source=self.source, field=self._field(key))
 
-    def raw(self, key: str, default: Any = _MISSING) -> Any:
+    def raw(self, key: builtins.str, default: Any = _MISSING) -> Any:
         if key not in self.data:
             if default is _MISSING:
                 raise self.fail(key, "is missing")
             return default
         return self.data[key]
 
-    def child(self, key: str, default: Any = _MISSING) -> Reader | None:
+    def child(self, key: builtins.str, default: Any = _MISSING) -> Reader | None:
         value = self.raw(key, default)
         if value is None:
             return None
         return Reader(value, source=self.source, path=self._field(key), error=self.error)
 
-    def children(self, key: str, default: Any = _MISSING) -> list[Reader]:
+    def children(self, key: builtins.str, default: Any = _MISSING) -> list[Reader]:
         value = self.raw(key, default)
         if value is None:
             return []
@@ -68,7 +69,7 @@ class Reader:
             for i, item in enumerate(value)
         ]
 
-    def str(self, key: str, default: Any = _MISSING) -> Any:
+    def str(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if value is None and default is None:
             return None
@@ -76,7 +77,9 @@ class Reader:
             raise self.fail(key, f"expected a string, got {value!r}")
         return value
 
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
+    def int(
+        self, key: builtins.str, default: Any = _MISSING, *, minimum: builtins.int | None = None
+    ) -> Any:
         value = self.raw(key, default)
         if value is None and default is None:
             return None
@@ -88,11 +91,11 @@ class Reader:
 
     def float(
         self,
-        key: str,
+        key: builtins.str,
         default: Any = _MISSING,
         *,
-        minimum: float | None = None,
-        positive: bool = False,
+        minimum: builtins.float | None = None,
+        positive: builtins.bool = False,
     ) -> Any:
         value = self.raw(key, default)
         if value is None and default is None:
@@ -108,19 +111,21 @@ class Reader:
             raise self.fail(key, f"must be >= {minimum}, got {value!r}")
         return value
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self.raw(key, default)
         if not isinstance(value, bool):
             raise self.fail(key, f"expected true or false, got {value!r}")
         return value
 
-    def choice(self, key: str, options: tuple[str, ...], default: Any = _MISSING) -> Any:
+    def choice(
+        self, key: builtins.str, options: tuple[builtins.str, ...], default: Any = _MISSING
+    ) -> Any:
         value = self.str(key, default)
         if value not in options:
             raise self.fail(key, f"must be one of {', '.join(options)}; got {value!r}")
         return value
 
-    def floats(self, key: str, default: Any = _MISSING) -> tuple[float, ...]:
+    def floats(self, key: builtins.str, default: Any = _MISSING) -> tuple[builtins.float, ...]:
         value = self.raw(key, default)
         if value is None:
             return ()
@@ -135,7 +140,7 @@ class Reader:
             out.append(float(item))
         return tuple(out)
 
-    def ints(self, key: str, default: Any = _MISSING) -> tuple[int, ...]:
+    def ints(self, key: builtins.str, default: Any = _MISSING) -> tuple[builtins.int, ...]:
         value = self.raw(key, default)
         if value is None:
             return ()

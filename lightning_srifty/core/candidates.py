@@ -1,0 +1,77 @@
+"""Column arrays describing many candidate clusters at once.
+
+The planner evaluates hundreds of thousands of clusters per second, so the performance
+model takes clusters as numpy columns rather than as :class:`Cluster` objects. Each
+candidate has up to ``G`` groups (column ``g``); a group with ``nodes == 0`` is absent,
+so homogeneous and heterogeneous candidates share one array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_srifty.core.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class CandidateArrays:
+    """``n`` candidate clusters of at most ``G`` groups; every array has shape (n, G)."""
+
+    accelerator: np.ndarray
+    """Catalog accelerator name per group (dtype object or str)."""
+    gpus_per_node: np.ndarray
+    """int: accelerators used on each node of the group."""
+    nodes: np.ndarray
+    """int: nodes in the group; 0 means the group is absent."""
+    nvlink: np.ndarray
+    """bool: the group's intra-node link is NVLink (else PCIe)."""
+    network_gbps: np.ndarray
+    """float: per-node network bandwidth of the group."""
+    gpu_memory_gib: np.ndarray
+    """float: memory of one accelerator in the group."""
+
+    @property
+    def size(self) -> int:
+        return int(self.nodes.shape[0])
+
+    @staticmethod
+    def from_clusters(clusters: Sequence[Cluster]) -> CandidateArrays:
+        """Packs :class:`Cluster` objects (slow path, for single predictions and tests)."""
+        n = len(clusters)
+        width = max((len(c.groups) for c in clusters), default=1)
+        acc = np.full((n, width), "", dtype=object)
+        gpn = np.zeros((n, width), dtype=np.int64)
+        nodes = np.zeros((n, width), dtype=np.int64)
+        nvl = np.zeros((n, width), dtype=bool)
+        gbps = np.zeros((n, width), dtype=np.float64)
+        mem = np.zeros((n, width), dtype=np.float64)
+        for i, cluster in enumerate(clusters):
+            for j, group in enumerate(cluster.groups):
+                acc[i, j] = group.offer.accelerator
+                gpn[i, j] = group.gpus_per_node
+                nodes[i, j] = group.nodes
+                nvl[i, j] = group.offer.intra_node_link == "NVLink"
+                gbps[i, j] = group.offer.network_gbps
+                mem[i, j] = group.offer.gpu_memory_gib
+        return CandidateArrays(acc, gpn, nodes, nvl, gbps, mem)
+
+
+@dataclass(frozen=True)
+class StepTimeArrays:
+    """The model's answer for ``n`` candidates."""
+
+    step_s: np.ndarray
+    """(n,) predicted seconds per synchronous step."""
+    low_s: np.ndarray
+    """(n,) lower end of the prediction interval."""
+    high_s: np.ndarray
+    """(n,) upper end of the prediction interval."""
+    fits: np.ndarray
+    """(n,) bool: every group holds the model at its local batch."""
+    local_batch: np.ndarray
+    """(n, G) int: samples per GPU per step assigned to each group (0 where absent)."""
+    global_batch: np.ndarray
+    """(n,) int: samples per step across the cluster."""

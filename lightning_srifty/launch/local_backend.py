@@ -1,0 +1,248 @@
+"""Local backend: the plan's topology as real processes on this machine.
+
+Each planned "node" becomes one ``torchrun`` agent (``--nnodes N --node-rank i``)
+rendezvousing on 127.0.0.1 with gloo, so the job runs the same multi-node code path
+it would on the cloud. Plans are drawn against the cloud catalog (64 GPUs, say); this
+machine has a couple of cores, so the shape is scaled down: node count and processes
+per node are capped (see :func:`map_topology`), keeping "several nodes of several
+processes" when the plan has them.
+
+Preemption injection mirrors a cloud revocation: SIGTERM to every process of a node
+(the notice), then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from lightning_srifty.core.cluster import Cluster
+from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.launch.backend import PREEMPTED_EXIT_CODE, JobState, LaunchSpec
+
+PREEMPTION_MARKER = "preempted"
+"""File the callback writes into ``SRIFTY_STATE_DIR`` after an emergency checkpoint."""
+
+
+@dataclass(frozen=True)
+class LocalTopology:
+    """How many local "nodes" (torchrun agents) and processes per node to start."""
+
+    nodes: int
+    procs_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def map_topology(cluster: Cluster, *, max_nodes: int = 2, max_procs: int = 4) -> LocalTopology:
+    """Scales a cloud cluster down to this machine, keeping its shape where possible.
+
+    Node count is capped at ``max_nodes`` and the total process count at ``max_procs``;
+    a plan with several GPUs per node keeps several processes per node.
+    """
+    if max_nodes < 1 or max_procs < 1:
+        raise LaunchError("local topology needs at least one node and one process")
+    nodes = max(1, min(cluster.nodes, max_nodes, max_procs))
+    widest = max((g.gpus_per_node for g in cluster.groups), default=1)
+    per_node = max(1, min(widest, max_procs // nodes))
+    return LocalTopology(nodes=nodes, procs_per_node=per_node)
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1 for the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LocalJob:
+    """Handle of a running local job: one torchrun agent per node."""
+
+    topology: LocalTopology
+    processes: list[subprocess.Popen[bytes]]
+    logs: list[Path]
+    state_dir: Path
+    started_at: float
+    preempt_injected: bool = False
+    exit_codes: list[int | None] = field(default_factory=list)
+
+
+class LocalBackend:
+    """Runs jobs as torchrun process groups on this machine (the embedded default)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        max_nodes: int = 2,
+        max_procs: int = 4,
+        python: str = sys.executable,
+    ):
+        self.run_dir = Path(run_dir)
+        self.max_nodes = max_nodes
+        self.max_procs = max_procs
+        self.python = python
+        self._launches = 0
+
+    def topology_for(self, cluster: Cluster) -> LocalTopology:
+        return map_topology(cluster, max_nodes=self.max_nodes, max_procs=self.max_procs)
+
+    def command(
+        self, topology: LocalTopology, node_rank: int, port: int, script: str, args: Sequence[str]
+    ) -> list[str]:
+        """The argv of one node's agent; script arguments pass through untouched."""
+        return [
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={topology.nodes}",
+            f"--node-rank={node_rank}",
+            f"--nproc-per-node={topology.procs_per_node}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            script,
+            *args,
+        ]
+
+    def launch(self, spec: LaunchSpec) -> LocalJob:
+        if not Path(spec.script).is_file():
+            raise LaunchError(f"script not found: {spec.script}")
+        topology = self.topology_for(spec.plan.cluster)
+        self._launches += 1
+        attempt_dir = self.run_dir / f"attempt-{self._launches}"
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        state_dir = attempt_dir / "state"
+        state_dir.mkdir(exist_ok=True)
+        port = free_port()
+        processes: list[subprocess.Popen[bytes]] = []
+        logs: list[Path] = []
+        for node_rank in range(topology.nodes):
+            env = _job_env(spec.envs, state_dir, topology, node_rank)
+            log = attempt_dir / f"node-{node_rank}.log"
+            with open(log, "wb") as sink:
+                processes.append(
+                    subprocess.Popen(  # noqa: S603 - argv list, no shell
+                        self.command(topology, node_rank, port, spec.script, spec.script_args),
+                        env=env,
+                        stdout=sink,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
+            logs.append(log)
+        return LocalJob(topology, processes, logs, state_dir, time.monotonic())
+
+    def status(self, handle: object) -> JobState:
+        job = _as_job(handle)
+        codes = [p.poll() for p in job.processes]
+        job.exit_codes = codes
+        if any(code is None for code in codes):
+            return JobState.RUNNING
+        if job.preempt_injected or (job.state_dir / PREEMPTION_MARKER).exists():
+            return JobState.PREEMPTED
+        if any(code == PREEMPTED_EXIT_CODE for code in codes):
+            return JobState.PREEMPTED
+        if all(code == 0 for code in codes):
+            return JobState.SUCCEEDED
+        return JobState.FAILED
+
+    def preempt(self, handle: object, *, grace_s: float = 10.0) -> None:
+        """Revokes every node like a spot reclaim: SIGTERM, then SIGKILL after grace."""
+        job = _as_job(handle)
+        job.preempt_injected = True
+        _signal_trees(job.processes, signal.SIGTERM, grace_s)
+
+    def stop(self, handle: object) -> None:
+        job = _as_job(handle)
+        _signal_trees(job.processes, signal.SIGTERM, 5.0)
+
+    def wait(self, handle: object, timeout_s: float | None = None) -> JobState:
+        """Blocks until the job ends (or ``timeout_s`` passes) and returns its state."""
+        job = _as_job(handle)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for proc in job.processes:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                break
+        return self.status(job)
+
+    @staticmethod
+    def log_tail(handle: object, lines: int = 30) -> str:
+        """The last lines of every node's log, for error messages."""
+        job = _as_job(handle)
+        out = []
+        for log in job.logs:
+            text = log.read_text(errors="replace").splitlines() if log.exists() else []
+            out.append(f"--- {log.name} ---")
+            out.extend(text[-lines:])
+        return "\n".join(out)
+
+
+def _as_job(handle: object) -> LocalJob:
+    if not isinstance(handle, LocalJob):
+        raise LaunchError(f"not a local job handle: {handle!r}")
+    return handle
+
+
+def _job_env(
+    extra: Mapping[str, str], state_dir: Path, topology: LocalTopology, node_rank: int
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    env["SRIFTY_STATE_DIR"] = str(state_dir)
+    env["SRIFTY_NUM_NODES"] = str(topology.nodes)
+    env["SRIFTY_NODE_RANK"] = str(node_rank)
+    env["SRIFTY_PROCS_PER_NODE"] = str(topology.procs_per_node)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _signal_trees(
+    processes: Sequence[subprocess.Popen[bytes]], first: signal.Signals, grace_s: float
+) -> None:
+    """Sends ``first`` to each agent and all its workers, SIGKILLs survivors after grace.
+
+    torchrun starts workers in their own sessions, so signalling the agent's process
+    group alone would orphan them; the tree is collected before any signal is sent.
+    """
+    tree: list[psutil.Process] = []
+    for proc in processes:
+        try:
+            root = psutil.Process(proc.pid)
+            tree.extend([root, *root.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            continue
+    for member in tree:
+        try:
+            member.send_signal(first)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for member in alive:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
+    for proc in processes:
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,134 @@
+"""Local backend: real torchrun agents on 127.0.0.1, real signals."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
+from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.launch.backend import JobState, LaunchSpec
+from lightning_srifty.launch.local_backend import LocalBackend, map_topology
+
+
+def offer(gpus: int) -> Offer:
+    return Offer(
+        instance_type=f"test.{gpus}x",
+        accelerator="T4",
+        accelerator_count=gpus,
+        gpu_memory_gib=16.0,
+        vcpus=4.0 * gpus,
+        memory_gib=16.0 * gpus,
+        region="us-west-2",
+        zone="usw2-az1",
+        ondemand_price=1.0 * gpus,
+        spot_price=0.3 * gpus,
+        intra_node_link="PCIe" if gpus > 1 else "none",
+        network_gbps=50.0,
+    )
+
+
+def plan(nodes: int, gpus: int) -> Plan:
+    cluster = Cluster((ClusterGroup(offer(gpus), nodes, gpus),))
+    return Plan(cluster, False, 1.0, 0.9, 1.1, 32, 10, 1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "expected"),
+    [(1, 1, (1, 1)), (1, 4, (1, 4)), (4, 4, (2, 2)), (16, 1, (2, 1)), (2, 8, (2, 2))],
+)
+def test_topology_keeps_shape_within_local_caps(nodes, gpus, expected) -> None:
+    topo = map_topology(plan(nodes, gpus).cluster, max_nodes=2, max_procs=4)
+    assert (topo.nodes, topo.procs_per_node) == expected
+    assert topo.world_size <= 4
+
+
+ECHO_RANKS = textwrap.dedent(
+    """
+    import json, os, sys
+    out = os.path.join(os.environ["SRIFTY_STATE_DIR"], f"rank-{os.environ['RANK']}.json")
+    with open(out, "w") as fh:
+        json.dump({"argv": sys.argv[1:], "world": os.environ["WORLD_SIZE"],
+                   "node": os.environ["SRIFTY_NODE_RANK"]}, fh)
+    """
+)
+
+
+def test_two_nodes_rendezvous_and_args_pass_untouched(tmp_path: Path) -> None:
+    script = tmp_path / "echo.py"
+    script.write_text(ECHO_RANKS)
+    hostile = ("--name", "a b", "'; rm -rf /'", "$(whoami)", '"q"')
+    backend = LocalBackend(tmp_path / "run")
+    job = backend.launch(LaunchSpec(str(script), hostile, plan(2, 1)))
+    assert backend.wait(job, timeout_s=120) is JobState.SUCCEEDED, backend.log_tail(job)
+    records = [json.loads(p.read_text()) for p in sorted(job.state_dir.glob("rank-*.json"))]
+    assert len(records) == 2
+    assert {r["node"] for r in records} == {"0", "1"}
+    assert all(r["world"] == "2" for r in records)
+    assert all(tuple(r["argv"]) == hostile for r in records)
+
+
+SLEEPER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    marker = os.path.join(os.environ["SRIFTY_STATE_DIR"], "preempted")
+    def on_term(signum, frame):
+        if os.environ.get("IGNORE_TERM"):
+            return
+        open(marker, "w").close()
+        sys.exit(75)
+    signal.signal(signal.SIGTERM, on_term)
+    with open(os.path.join(os.environ["SRIFTY_STATE_DIR"], f"up-{os.environ['RANK']}"), "w") as fh:
+        fh.write(str(os.getpid()))
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def _wait_up(job, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(list(job.state_dir.glob("up-*"))) < count:
+        assert time.monotonic() < deadline, "workers never started"
+        time.sleep(0.2)
+
+
+def test_preemption_sigterm_reaches_workers(tmp_path: Path) -> None:
+    script = tmp_path / "sleep.py"
+    script.write_text(SLEEPER)
+    backend = LocalBackend(tmp_path / "run")
+    job = backend.launch(LaunchSpec(str(script), (), plan(1, 2)))
+    _wait_up(job, 2)
+    assert backend.status(job) is JobState.RUNNING
+    backend.preempt(job, grace_s=10)
+    assert backend.status(job) is JobState.PREEMPTED
+    assert (job.state_dir / "preempted").exists()
+
+
+def test_preemption_kills_workers_that_ignore_sigterm(tmp_path: Path) -> None:
+    script = tmp_path / "sleep.py"
+    script.write_text(SLEEPER)
+    backend = LocalBackend(tmp_path / "run")
+    job = backend.launch(LaunchSpec(str(script), (), plan(1, 1), envs={"IGNORE_TERM": "1"}))
+    _wait_up(job, 1)
+    worker_pids = [int(p.read_text()) for p in job.state_dir.glob("up-*")]
+    start = time.monotonic()
+    backend.preempt(job, grace_s=1.0)
+    assert time.monotonic() - start < 30
+    assert all(p.poll() is not None for p in job.processes)
+    assert worker_pids
+    for pid in worker_pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert backend.status(job) is JobState.PREEMPTED
+
+
+def test_missing_script_is_a_launch_error(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path)
+    with pytest.raises(LaunchError, match="script not found"):
+        backend.launch(LaunchSpec(str(tmp_path / "nope.py"), (), plan(1, 1)))

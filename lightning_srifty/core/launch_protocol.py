@@ -1,0 +1,74 @@
+"""The contract between ``srifty-launch`` and the callback inside the user's script.
+
+The launcher never imports the user's code; it talks to :class:`SriftyCallback`
+through environment variables (launcher → job) and a JSON-lines progress file
+(job → launcher). Both sides import the names from here so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from lightning_srifty.core.errors import SchemaError
+from lightning_srifty.core.validate import Reader
+
+ENV_MODE = "SRIFTY_MODE"
+"""``profile``: profile, checkpoint, stop cleanly. ``train``: resume and run to target."""
+MODE_PROFILE = "profile"
+MODE_TRAIN = "train"
+MODES = (MODE_PROFILE, MODE_TRAIN)
+
+ENV_PROFILE_PATH = "SRIFTY_PROFILE_PATH"
+ENV_CHECKPOINT_URI = "SRIFTY_CHECKPOINT_URI"
+ENV_TARGET_STEPS = "SRIFTY_TARGET_STEPS"
+ENV_PROGRESS_PATH = "SRIFTY_PROGRESS_PATH"
+ENV_CHECKPOINT_INTERVAL_S = "SRIFTY_CHECKPOINT_INTERVAL_S"
+ENV_STATE_DIR = "SRIFTY_STATE_DIR"
+"""Per-attempt folder; the callback drops markers (attached, preempted) here."""
+ENV_S3_ENDPOINT_URL = "SRIFTY_S3_ENDPOINT_URL"
+ENV_IMDS = "SRIFTY_IMDS"
+"""``off`` disables EC2 metadata look-ups (tests, non-EC2 machines)."""
+
+ATTACHED_MARKER = "callback-attached"
+"""Written at setup, so the launcher can tell "no callback" from "crashed early"."""
+PREEMPTED_MARKER = "preempted"
+"""Written after an emergency checkpoint on a preemption notice."""
+
+PROGRESS_EVENTS = ("start", "resumed", "step", "checkpoint", "profile-done", "done", "preempted")
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One line of the progress file, written by rank zero of the job."""
+
+    event: str
+    time: float
+    """Unix time of the event."""
+    step: int
+    """Global step (optimizer steps) reached."""
+    step_s: float = 0.0
+    """Mean step time over the steps since the previous ``step`` event."""
+    checkpoint: str = ""
+    """Checkpoint id for ``checkpoint``/``resumed``/``preempted`` events."""
+    world_size: int = 1
+
+    def to_line(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_line(line: str, *, source: str | None = None) -> ProgressEvent:
+        try:
+            data: Any = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"bad progress line ({exc.msg})", source=source) from None
+        r = Reader(data, source=source)
+        return ProgressEvent(
+            event=r.choice("event", PROGRESS_EVENTS),
+            time=r.float("time"),
+            step=r.int("step", minimum=0),
+            step_s=r.float("step_s", 0.0, minimum=0.0),
+            checkpoint=r.str("checkpoint", ""),
+            world_size=r.int("world_size", 1, minimum=1),
+        )

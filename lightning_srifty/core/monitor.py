@@ -1,0 +1,83 @@
+"""Pure bookkeeping for a running job: progress, cost so far, ETA and drift.
+
+The launcher feeds it progress events and wall-clock time; it never reads files or
+clocks itself, so the arithmetic is tested in milliseconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lightning_srifty.core.launch_protocol import ProgressEvent
+
+DRIFT_MIN_SAMPLES = 3
+"""Step reports needed before a drift verdict; the first ones include warm-up."""
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the plan promised for the running cluster."""
+
+    step_s: float
+    low_s: float
+    high_s: float
+    hourly_usd: float
+    target_steps: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The state shown on the progress display."""
+
+    steps_done: int
+    measured_step_s: float | None
+    """Median of recent step reports (robust to one slow step)."""
+    cost_so_far_usd: float
+    elapsed_s: float
+    eta_s: float | None
+    drift: str
+    """``""`` while within the interval, else ``"slower"`` or ``"faster"``."""
+
+
+def measured_step_time(events: Sequence[ProgressEvent], window: int = 5) -> float | None:
+    """Median step time over the last ``window`` step reports (None until the first)."""
+    samples = [e.step_s for e in events if e.event == "step" and e.step_s > 0]
+    if not samples:
+        return None
+    return float(statistics.median(samples[-window:]))
+
+
+def drift_of(events: Sequence[ProgressEvent], expect: Expectation) -> str:
+    """``"slower"``/``"faster"`` when the measured time leaves the prediction interval."""
+    reports = [e for e in events if e.event == "step" and e.step_s > 0]
+    if len(reports) < DRIFT_MIN_SAMPLES:
+        return ""
+    measured = measured_step_time(reports)
+    if measured is None:
+        return ""
+    if measured > expect.high_s:
+        return "slower"
+    if measured < expect.low_s:
+        return "faster"
+    return ""
+
+
+def snapshot(
+    events: Sequence[ProgressEvent], expect: Expectation, *, elapsed_s: float, start_step: int
+) -> Snapshot:
+    """Progress, cost and ETA after ``elapsed_s`` seconds on the current cluster."""
+    steps_done = max((e.step for e in events), default=start_step)
+    measured = measured_step_time(events)
+    remaining = max(expect.target_steps - steps_done, 0)
+    per_step = measured if measured is not None else expect.step_s
+    eta = remaining * per_step if per_step > 0 else None
+    return Snapshot(
+        steps_done=steps_done,
+        measured_step_s=measured,
+        cost_so_far_usd=expect.hourly_usd * elapsed_s / 3600.0,
+        elapsed_s=elapsed_s,
+        eta_s=eta,
+        drift=drift_of(events, expect),
+    )

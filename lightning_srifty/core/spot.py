@@ -1,0 +1,793 @@
+"""Spot availability timelines, deadline-aware policies and the replay simulator.
+
+The model is the one of *Can't Be Late* (Wu et al., NSDI'24): a job needs ``C`` hours of
+compute before a deadline ``D``; on every tick of a trace a policy runs it on spot (only
+where spot is up), on on-demand (always up, ``K`` times dearer) or leaves it idle; every
+(re)start on a new instance costs a changeover delay ``d`` with no progress while the
+instance is paid for. We add zones: one timeline holds several zones on the same ticks,
+and a policy may migrate between them.
+
+Policies see only the present. The simulator hands :meth:`Policy.decide` an
+:class:`Observation` built from the current tick's availability vector and running
+counts of what was seen so far, never the timeline itself, so no policy can peek at
+future availability. The same interface drives the live controller.
+
+Everything here is pure: numbers in, records out; prices are plain floats (the CLI looks
+them up in the catalog).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+import numpy as np
+
+from lightning_srifty.core.catalog import band_hourly_rate
+from lightning_srifty.core.errors import ConfigError
+
+PlacementKind = Literal["idle", "spot", "on-demand"]
+ActionKind = Literal["stay", "spot", "on-demand", "idle"]
+CheckpointMode = Literal["notice", "periodic"]
+CHECKPOINT_MODES: tuple[str, ...] = ("notice", "periodic")
+POLICY_NAMES: tuple[str, ...] = ("srifty", "uniform-progress", "greedy-spot", "on-demand")
+DEFAULT_CHANGEOVER_HOURS = 0.2
+
+# ---------------------------------------------------------------------------------------
+# Timeline
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class SpotTimeline:
+    """Spot capacity of several zones on one shared tick grid.
+
+    ``nodes_up[z, t]`` is how many of ``capacity`` nodes zone ``z`` can hold at tick ``t``.
+    A single-node trace has ``capacity == 1``. A job of ``capacity`` nodes is an
+    all-or-nothing gang: spot counts as available only when every node is up.
+    """
+
+    zones: tuple[str, ...]
+    gap_hours: float
+    nodes_up: np.ndarray
+    """Integer array of shape ``(len(zones), ticks)``."""
+    capacity: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.zones:
+            raise ConfigError("a spot timeline needs at least one zone")
+        if not (self.gap_hours > 0 and math.isfinite(self.gap_hours)):
+            raise ConfigError(f"tick gap must be a positive number of hours, got {self.gap_hours}")
+        if self.nodes_up.ndim != 2 or self.nodes_up.shape[0] != len(self.zones):
+            raise ConfigError(
+                f"nodes_up must have shape ({len(self.zones)}, ticks), got {self.nodes_up.shape}"
+            )
+        if self.capacity < 1:
+            raise ConfigError(f"capacity must be at least 1 node, got {self.capacity}")
+
+    @property
+    def ticks(self) -> int:
+        return int(self.nodes_up.shape[1])
+
+    @property
+    def hours(self) -> float:
+        return self.ticks * self.gap_hours
+
+    def available(self, gang: int | None = None) -> np.ndarray:
+        """Boolean ``(zones, ticks)``: spot can hold a gang of ``gang`` nodes (default all)."""
+        need = self.capacity if gang is None else gang
+        if not 1 <= need <= self.capacity:
+            raise ConfigError(f"gang size must be 1..{self.capacity} nodes, got {need}")
+        return np.asarray(self.nodes_up >= need)
+
+    def select(self, zones: Sequence[int]) -> SpotTimeline:
+        """The same timeline restricted to the zones at the given indices."""
+        idx = list(zones)
+        return SpotTimeline(
+            zones=tuple(self.zones[i] for i in idx),
+            gap_hours=self.gap_hours,
+            nodes_up=self.nodes_up[idx],
+            capacity=self.capacity,
+        )
+
+    def resample(self, gap_hours: float) -> SpotTimeline:
+        """Coarsens to ``gap_hours`` ticks, keeping the fewest nodes up within each new tick.
+
+        Taking the minimum is the conservative reading: an interruption anywhere inside a
+        coarse tick preempts a job that ran through it.
+        """
+        if gap_hours < self.gap_hours:
+            raise ConfigError(
+                f"can only coarsen a timeline ({self.gap_hours} h ticks), not to {gap_hours} h"
+            )
+        ratio = gap_hours / self.gap_hours
+        count = int(self.ticks // ratio)
+        if count < 1:
+            raise ConfigError(
+                f"timeline of {self.hours:.3f} h is shorter than one {gap_hours} h tick"
+            )
+        starts = np.floor(np.arange(count) * ratio).astype(int)
+        ends = np.minimum(np.ceil((np.arange(count) + 1) * ratio).astype(int), self.ticks)
+        out = np.stack(
+            [self.nodes_up[:, s:e].min(axis=1) for s, e in zip(starts, ends, strict=True)], axis=1
+        )
+        return replace(self, gap_hours=gap_hours, nodes_up=out)
+
+
+def combine_timelines(parts: Sequence[SpotTimeline]) -> SpotTimeline:
+    """Stacks zones from several timelines onto one grid.
+
+    Timelines are aligned by tick index; different gaps are resampled to the coarsest and
+    the result is cut to the shortest. All parts must have the same node capacity.
+    """
+    if not parts:
+        raise ConfigError("no spot timelines to combine")
+    capacities = {p.capacity for p in parts}
+    if len(capacities) != 1:
+        raise ConfigError(f"cannot mix traces of different node counts: {sorted(capacities)}")
+    gap = max(p.gap_hours for p in parts)
+    same = [p if math.isclose(p.gap_hours, gap) else p.resample(gap) for p in parts]
+    ticks = min(p.ticks for p in same)
+    return SpotTimeline(
+        zones=tuple(z for p in same for z in p.zones),
+        gap_hours=gap,
+        nodes_up=np.concatenate([p.nodes_up[:, :ticks] for p in same], axis=0),
+        capacity=parts[0].capacity,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpointing
+# ---------------------------------------------------------------------------------------
+
+
+def young_daly_interval(checkpoint_cost_hours: float, mtbf_hours: float) -> float:
+    """First-order optimal checkpoint interval ``sqrt(2 · C_ckpt · MTBF)`` (Young 1974).
+
+    Checkpointing more often wastes time writing; less often loses more work per failure;
+    this interval balances the two to first order.
+    """
+    if checkpoint_cost_hours <= 0:
+        raise ConfigError(f"checkpoint cost must be > 0 hours, got {checkpoint_cost_hours}")
+    if mtbf_hours <= 0:
+        raise ConfigError(f"MTBF must be > 0 hours, got {mtbf_hours}")
+    return math.sqrt(2.0 * checkpoint_cost_hours * mtbf_hours)
+
+
+@dataclass(frozen=True)
+class CheckpointModel:
+    """How much work a preemption destroys.
+
+    ``notice`` (the default) assumes the job saves within the cloud's preemption notice
+    (two minutes on AWS, enough for a single-GPU model state), so a preemption costs only
+    the changeover; this is the model *Can't Be Late* evaluates. ``periodic`` saves every
+    Young/Daly interval, paying ``cost_hours`` per save, and loses the work since the last
+    save on preemption; the MTBF in the interval is estimated online from the
+    interruptions seen so far, starting from ``prior_mtbf_hours`` (by default the Spot
+    Advisor's middle band) weighted as one observed interruption.
+    """
+
+    mode: CheckpointMode = "notice"
+    cost_hours: float = 0.0
+    prior_mtbf_hours: float = field(default_factory=lambda: 1.0 / band_hourly_rate(None))
+
+    def __post_init__(self) -> None:
+        if self.mode not in CHECKPOINT_MODES:
+            raise ConfigError(
+                f"checkpoint mode must be one of {CHECKPOINT_MODES}, got {self.mode!r}"
+            )
+        if self.mode == "periodic" and not self.cost_hours > 0:
+            raise ConfigError("periodic checkpointing needs a checkpoint cost > 0 hours")
+        if not self.prior_mtbf_hours > 0:
+            raise ConfigError(f"prior MTBF must be > 0 hours, got {self.prior_mtbf_hours}")
+
+    def interval_hours(self, up_hours_seen: float, interruptions_seen: int) -> float:
+        """Young/Daly interval with the MTBF pooled from what was observed so far."""
+        mtbf = (up_hours_seen + self.prior_mtbf_hours) / (interruptions_seen + 1)
+        return young_daly_interval(self.cost_hours, mtbf)
+
+
+# ---------------------------------------------------------------------------------------
+# Policy interface
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the job is: nowhere, spot in zone ``zone``, or on-demand."""
+
+    kind: PlacementKind = "idle"
+    zone: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.kind != "idle"
+
+    def label(self, zones: Sequence[str]) -> str:
+        if self.kind == "spot" and self.zone is not None:
+            return f"spot:{zones[self.zone]}"
+        return self.kind
+
+
+IDLE = Placement()
+ON_DEMAND = Placement("on-demand")
+
+
+@dataclass(frozen=True)
+class Action:
+    """A policy's decision for the current tick, with a reason for the migration log."""
+
+    kind: ActionKind
+    zone: int | None = None
+    reason: str = ""
+
+    @staticmethod
+    def stay(reason: str = "") -> Action:
+        return Action("stay", reason=reason)
+
+    @staticmethod
+    def spot(zone: int, reason: str = "") -> Action:
+        return Action("spot", zone=zone, reason=reason)
+
+    @staticmethod
+    def on_demand(reason: str = "") -> Action:
+        return Action("on-demand", reason=reason)
+
+    @staticmethod
+    def idle(reason: str = "") -> Action:
+        return Action("idle", reason=reason)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything a policy may know at one tick: the present and counts of the past."""
+
+    time_hours: float
+    """Hours since the job was submitted."""
+    gap_hours: float
+    """How long until the next decision."""
+    progress_hours: float
+    """Compute done, including work not yet checkpointed."""
+    unsaved_hours: float
+    """Part of ``progress_hours`` a preemption would destroy."""
+    job_hours: float
+    deadline_hours: float
+    changeover_hours: float
+    changeover_left_hours: float
+    """Restart delay still to pay on the current placement."""
+    placement: Placement
+    preempted: bool
+    """The spot placement was lost at this tick (the job is now idle)."""
+    available: tuple[bool, ...]
+    """Spot availability of every zone at this tick only."""
+    spot_prices: tuple[float, ...]
+    """$/h per zone for the whole job (all gang nodes)."""
+    ondemand_price: float
+    up_hours_seen: tuple[float, ...]
+    """Per zone: hours spot was seen up before now (since the market was first watched)."""
+    interruptions_seen: tuple[int, ...]
+    """Per zone: up-to-down transitions seen up to now."""
+
+    @property
+    def remaining_hours(self) -> float:
+        """Compute still needed if nothing is lost."""
+        return max(self.job_hours - self.progress_hours, 0.0)
+
+    @property
+    def remaining_at_risk_hours(self) -> float:
+        """Compute still needed if a preemption destroyed the unsaved work now."""
+        return self.remaining_hours + self.unsaved_hours
+
+    @property
+    def time_left_hours(self) -> float:
+        return self.deadline_hours - self.time_hours
+
+    @property
+    def expected_progress_hours(self) -> float:
+        """Uniform Progress's target ``ep(t) = t · C / D``."""
+        return self.time_hours * self.job_hours / self.deadline_hours
+
+    @property
+    def ondemand_slack_hours(self) -> float:
+        """Spare hours left if the job went on-demand now and stayed there.
+
+        Switching costs a changeover unless already on on-demand, where only what is
+        left of the current changeover counts.
+        """
+        switch = (
+            self.changeover_left_hours
+            if self.placement.kind == "on-demand"
+            else self.changeover_hours
+        )
+        return self.time_left_hours - self.remaining_at_risk_hours - switch
+
+
+class Policy(Protocol):
+    """Decides once per tick. Must not keep hidden state between calls."""
+
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, observation: Observation) -> Action: ...
+
+
+# ---------------------------------------------------------------------------------------
+# Policies
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnDemandPolicy:
+    """Always on-demand: the cost reference every spot policy is measured against."""
+
+    name: str = "on-demand"
+
+    def decide(self, observation: Observation) -> Action:
+        if observation.placement.kind == "on-demand":
+            return Action.stay()
+        return Action.on_demand("on-demand only")
+
+
+@dataclass(frozen=True)
+class GreedySpotPolicy:
+    """Spot in the home zone whenever it is up; idle otherwise; on-demand for good only
+    when the Can't Be Late safety net ``R < C_left + 2d`` fires."""
+
+    home_zone: int = 0
+    name: str = "greedy-spot"
+
+    def decide(self, observation: Observation) -> Action:
+        obs = observation
+        if _cbl_safety_net(obs):
+            if obs.placement.kind == "on-demand":
+                return Action.stay()
+            return Action.on_demand("safety net: deadline needs on-demand")
+        if obs.placement.kind == "spot":
+            return Action.stay()
+        if obs.available[self.home_zone]:
+            return Action.spot(self.home_zone, "spot up in home zone")
+        if obs.placement.running:
+            return Action.idle("spot down")
+        return Action.stay()
+
+
+@dataclass(frozen=True)
+class UniformProgressPolicy:
+    """Can't Be Late's Uniform Progress (NSDI'24 §5), single home zone.
+
+    Our reading of the paper: use spot whenever it is up; when it is down and progress is
+    behind ``ep(t) = t·C/D``, run on-demand; once on on-demand, leave it only after being
+    ``2d`` ahead of ``ep(t)`` (hysteresis, so one changeover to spot and one back cannot
+    put the job behind again); safety net: on-demand for good once ``R < C_left + 2d``.
+    """
+
+    home_zone: int = 0
+    name: str = "uniform-progress"
+
+    def decide(self, observation: Observation) -> Action:
+        obs = observation
+        if _cbl_safety_net(obs):
+            if obs.placement.kind == "on-demand":
+                return Action.stay()
+            return Action.on_demand("safety net: deadline needs on-demand")
+        ep = obs.expected_progress_hours
+        up = obs.available[self.home_zone]
+        if obs.placement.kind == "on-demand":
+            if obs.progress_hours < ep + 2 * obs.changeover_hours:
+                return Action.stay()
+            if up:
+                return Action.spot(self.home_zone, "ahead of uniform progress, spot up")
+            return Action.idle("ahead of uniform progress")
+        if obs.placement.kind == "spot":
+            return Action.stay()
+        if up:
+            return Action.spot(self.home_zone, "spot up in home zone")
+        if obs.progress_hours < ep:
+            return Action.on_demand("behind uniform progress, spot down")
+        return Action.stay()
+
+
+def _cbl_safety_net(obs: Observation) -> bool:
+    return obs.time_left_hours < obs.remaining_at_risk_hours + 2 * obs.changeover_hours
+
+
+@dataclass(frozen=True)
+class SriftyPolicy:
+    """Deadline-aware, multi-zone: migrate to another zone's spot before paying on-demand.
+
+    It is Uniform Progress generalised to zones, with a tighter safety net. Rules, in
+    order, all from the present observation:
+
+    1. Safety net: if the slack left after a switch to on-demand (see
+       :attr:`Observation.ondemand_slack_hours`) is under two ticks, go (or stay)
+       on-demand. Slack falls by at most one tick between decisions, so the job can
+       always still switch and finish in time; no rule below may spend slack that would
+       take it under this line.
+    2. Running on spot that is still up: stay.
+    3. Idle or just preempted, spot up somewhere and the slack pays one more changeover
+       above the net: (re)start in the zone with the lowest expected cost per useful hour
+       (price times ``1 + rate·d``, the rate being the interruptions per up-hour seen in
+       that zone so far).
+    4. On on-demand: leave only when the slack pays a round trip (two changeovers) and
+       either the job is ``2d`` ahead of ``ep(t)`` (Uniform Progress's hysteresis, so it
+       does not flap) or spot is up in at least two zones, so a preemption can migrate
+       to a spare zone instead of coming back.
+    5. No spot anywhere: on-demand if behind ``ep(t) = t·C/D``, otherwise wait.
+
+    With a single zone rule 4's second clause never holds and the policy is Uniform
+    Progress with the tighter net, so it costs no more than Uniform Progress there.
+    """
+
+    name: str = "srifty"
+    prior_interruptions_per_hour: float = 0.1
+    """Weak prior for a zone with no history: one interruption per 10 h of uptime,
+    weighted as one observed hour so a zone's own history dominates within hours."""
+
+    def decide(self, observation: Observation) -> Action:
+        obs = observation
+        gap = obs.gap_hours
+        d = obs.changeover_hours
+        slack = obs.ondemand_slack_hours
+        kind = obs.placement.kind
+        if slack < 2 * gap:
+            if kind == "on-demand":
+                return Action.stay()
+            return Action.on_demand("safety net: slack below two ticks")
+        if kind == "spot":
+            return Action.stay()
+
+        # Slack after paying one more changeover must still clear the net.
+        room = slack - d - 2 * gap
+        best = self._best_zone(obs)
+        ep = obs.expected_progress_hours
+        if kind == "on-demand":
+            spare_zone = sum(obs.available) >= 2
+            if room < d or (obs.progress_hours < ep + 2 * d and not spare_zone):
+                return Action.stay()
+            if best is not None:
+                why = "spot up in two zones or more" if spare_zone else "ahead of uniform progress"
+                return Action.spot(best, why)
+            return Action.idle("ahead of uniform progress, no spot")
+        if best is not None and room >= 0:
+            return Action.spot(best, "migrating to another zone" if obs.preempted else "spot up")
+        if obs.progress_hours < ep:
+            return Action.on_demand("no spot in any zone, behind uniform progress")
+        return Action.stay()
+
+    def _rate(self, obs: Observation, zone: int) -> float:
+        return (obs.interruptions_seen[zone] + self.prior_interruptions_per_hour) / (
+            obs.up_hours_seen[zone] + 1.0
+        )
+
+    def _best_zone(self, obs: Observation) -> int | None:
+        best: tuple[float, int] | None = None
+        for zone, up in enumerate(obs.available):
+            if not up:
+                continue
+            rate = self._rate(obs, zone)
+            # Each interruption costs a changeover: useful share = 1 / (1 + rate·d).
+            cost = obs.spot_prices[zone] * (1.0 + rate * obs.changeover_hours)
+            if best is None or cost < best[0]:
+                best = (cost, zone)
+        return None if best is None else best[1]
+
+
+def make_policy(name: str, home_zone: int = 0) -> Policy:
+    """Builds a policy by its CLI name."""
+    if name == "srifty":
+        return SriftyPolicy()
+    if name == "uniform-progress":
+        return UniformProgressPolicy(home_zone=home_zone)
+    if name == "greedy-spot":
+        return GreedySpotPolicy(home_zone=home_zone)
+    if name == "on-demand":
+        return OnDemandPolicy()
+    raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
+# ---------------------------------------------------------------------------------------
+# Simulator
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpotJob:
+    """What to replay: the job, its deadline and what restarts and instances cost."""
+
+    job_hours: float
+    deadline_hours: float
+    spot_prices: tuple[float, ...]
+    """$/h per zone of the timeline, for the whole job."""
+    ondemand_price: float
+    changeover_hours: float = DEFAULT_CHANGEOVER_HOURS
+    checkpoint: CheckpointModel = field(default_factory=CheckpointModel)
+
+    def __post_init__(self) -> None:
+        if not self.job_hours > 0:
+            raise ConfigError(f"--job-hours must be > 0, got {self.job_hours}")
+        if not self.deadline_hours >= self.job_hours:
+            raise ConfigError(
+                f"--deadline-hours ({self.deadline_hours}) must be at least --job-hours "
+                f"({self.job_hours})"
+            )
+        if not self.changeover_hours >= 0:
+            raise ConfigError(f"--changeover-hours must be >= 0, got {self.changeover_hours}")
+        if not self.ondemand_price > 0:
+            raise ConfigError(f"on-demand price must be > 0 $/h, got {self.ondemand_price}")
+        if any(not p >= 0 for p in self.spot_prices):
+            raise ConfigError(f"spot prices must be >= 0 $/h, got {self.spot_prices}")
+
+
+@dataclass(frozen=True)
+class MigrationEvent:
+    """One change of placement, for the log the controller and the CLI show."""
+
+    tick: int
+    time_hours: float
+    reason: str
+    source: str
+    target: str
+    lost_hours: float
+    """Changeover to pay on the new placement plus work destroyed by a preemption."""
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Outcome of replaying one job under one policy."""
+
+    policy: str
+    zones: tuple[str, ...]
+    start_tick: int
+    cost: float
+    ondemand_cost: float
+    """What running the job on on-demand from the start costs (one changeover included)."""
+    finish_hours: float | None
+    """Hours from submission to completion; ``None`` if it never finished."""
+    deadline_hours: float
+    job_hours: float
+    spot_hours: float
+    ondemand_hours: float
+    preemptions: int
+    migrations: int
+    """Restarts on a new instance after the job had already run somewhere."""
+    events: tuple[MigrationEvent, ...]
+
+    @property
+    def deadline_met(self) -> bool:
+        return self.finish_hours is not None and self.finish_hours <= self.deadline_hours + 1e-9
+
+    @property
+    def cost_ratio(self) -> float:
+        return self.cost / self.ondemand_cost
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "zones": list(self.zones),
+            "start_tick": self.start_tick,
+            "job_hours": self.job_hours,
+            "deadline_hours": self.deadline_hours,
+            "cost": self.cost,
+            "ondemand_cost": self.ondemand_cost,
+            "cost_ratio": self.cost_ratio,
+            "finish_hours": self.finish_hours,
+            "deadline_met": self.deadline_met,
+            "spot_hours": self.spot_hours,
+            "ondemand_hours": self.ondemand_hours,
+            "preemptions": self.preemptions,
+            "migrations": self.migrations,
+            "events": [
+                {
+                    "tick": e.tick,
+                    "time_hours": e.time_hours,
+                    "reason": e.reason,
+                    "from": e.source,
+                    "to": e.target,
+                    "lost_hours": e.lost_hours,
+                }
+                for e in self.events
+            ],
+        }
+
+
+def simulate(
+    policy: Policy,
+    timeline: SpotTimeline,
+    job: SpotJob,
+    *,
+    start_tick: int = 0,
+    gang: int | None = None,
+) -> SimulationResult:
+    """Replays ``job`` submitted at ``start_tick`` of ``timeline`` under ``policy``.
+
+    Availability at tick ``t`` holds for the whole tick. A spot placement whose zone is
+    down at ``t`` is preempted before the policy decides. Past the end of the trace spot
+    counts as unavailable everywhere, so a run always ends. The run stops when the job
+    finishes, or at ``max(3·D, D + C + d)`` hours if the policy never finishes it.
+    """
+    if len(job.spot_prices) != len(timeline.zones):
+        raise ConfigError(f"{len(job.spot_prices)} spot prices for {len(timeline.zones)} zones")
+    if not 0 <= start_tick < timeline.ticks:
+        raise ConfigError(f"start tick {start_tick} outside the trace (0..{timeline.ticks - 1})")
+    horizon_ticks = (
+        int(
+            math.ceil(
+                max(
+                    3 * job.deadline_hours,
+                    job.deadline_hours + job.job_hours + job.changeover_hours,
+                )
+                / timeline.gap_hours
+            )
+        )
+        + 1
+    )
+    full = timeline.available(gang)
+    window = full[:, start_tick : start_tick + horizon_ticks]
+    rows = [tuple(col) for col in window.T.tolist()]
+    # Market history from the start of the trace up to each tick (the past only).
+    falls = np.zeros_like(full, dtype=np.int64)
+    falls[:, 1:] = full[:, :-1] & ~full[:, 1:]
+    up_before = np.cumsum(full, axis=1) - full
+    falls_so_far = np.cumsum(falls, axis=1)
+    last = full.shape[1] - 1
+    zones_n = len(timeline.zones)
+    gap = timeline.gap_hours
+    d = job.changeover_hours
+    ckpt = job.checkpoint
+    periodic = ckpt.mode == "periodic"
+    horizon = horizon_ticks * gap
+    never = tuple(False for _ in range(zones_n))
+    prices = tuple(float(p) for p in job.spot_prices)
+
+    placement = IDLE
+    progress = 0.0
+    saved = 0.0
+    changeover_left = 0.0
+    ckpt_write_left = 0.0
+    cost = spot_hours = ondemand_hours = 0.0
+    preemptions = migrations = 0
+    has_run = False
+    events: list[MigrationEvent] = []
+    finish: float | None = None
+    tick = 0
+    while tick * gap < horizon:
+        now = tick * gap
+        current = rows[tick] if tick < len(rows) else never
+        seen = min(start_tick + tick, last)
+        seen_up = tuple((up_before[:, seen] * gap).tolist())
+        seen_falls = tuple(falls_so_far[:, seen].tolist())
+        preempted = False
+        lost = 0.0
+        source = placement
+        if placement.kind == "spot" and placement.zone is not None and not current[placement.zone]:
+            preempted = True
+            preemptions += 1
+            lost = progress - saved
+            progress = saved
+            placement = IDLE
+            changeover_left = ckpt_write_left = 0.0
+        obs = Observation(
+            time_hours=now,
+            gap_hours=gap,
+            progress_hours=progress,
+            unsaved_hours=progress - saved,
+            job_hours=job.job_hours,
+            deadline_hours=job.deadline_hours,
+            changeover_hours=d,
+            changeover_left_hours=changeover_left,
+            placement=placement,
+            preempted=preempted,
+            available=current,
+            spot_prices=prices,
+            ondemand_price=job.ondemand_price,
+            up_hours_seen=seen_up,
+            interruptions_seen=seen_falls,
+        )
+        action = policy.decide(obs)
+        target = _apply(action, placement, current, policy.name)
+        if preempted and target == IDLE:
+            events.append(
+                MigrationEvent(tick, now, "preempted", source.label(timeline.zones), "idle", lost)
+            )
+        if target != placement:
+            if target.running:
+                if has_run:
+                    migrations += 1
+                has_run = True
+                changeover_left = d
+                saved = progress  # a voluntary move saves first; after preemption nothing unsaved
+                ckpt_write_left = 0.0
+            why = ("preempted: " if preempted else "") + (action.reason or action.kind)
+            if target.running or not preempted:
+                events.append(
+                    MigrationEvent(
+                        tick,
+                        now,
+                        why,
+                        source.label(timeline.zones),
+                        target.label(timeline.zones),
+                        (d if target.running else 0.0) + lost,
+                    )
+                )
+            placement = target
+
+        # Advance one tick.
+        if placement.running:
+            price = (
+                prices[placement.zone]
+                if placement.kind == "spot" and placement.zone is not None
+                else job.ondemand_price
+            )
+            budget = gap
+            step = min(changeover_left, budget)
+            changeover_left -= step
+            budget -= step
+            interval = (
+                ckpt.interval_hours(sum(seen_up), sum(seen_falls))
+                if periodic and placement.kind == "spot"
+                else math.inf
+            )
+            while budget > 1e-12 and progress < job.job_hours - 1e-12:
+                if ckpt_write_left > 0:
+                    step = min(ckpt_write_left, budget)
+                    ckpt_write_left -= step
+                    budget -= step
+                    if ckpt_write_left <= 1e-12:
+                        ckpt_write_left = 0.0
+                        saved = progress
+                    continue
+                until_ckpt = saved + interval - progress
+                step = min(budget, job.job_hours - progress, until_ckpt)
+                progress += step
+                budget -= step
+                if progress - saved >= interval - 1e-12:
+                    ckpt_write_left = ckpt.cost_hours
+            if not (periodic and placement.kind == "spot"):
+                saved = progress  # saved at the preemption notice; on-demand is never preempted
+            used = gap - budget
+            cost += price * used
+            if placement.kind == "spot":
+                spot_hours += used
+            else:
+                ondemand_hours += used
+            if progress >= job.job_hours - 1e-12:
+                finish = now + used
+                break
+        tick += 1
+
+    return SimulationResult(
+        policy=policy.name,
+        zones=timeline.zones,
+        start_tick=start_tick,
+        cost=cost,
+        ondemand_cost=job.ondemand_price * (job.job_hours + d),
+        finish_hours=finish,
+        deadline_hours=job.deadline_hours,
+        job_hours=job.job_hours,
+        spot_hours=spot_hours,
+        ondemand_hours=ondemand_hours,
+        preemptions=preemptions,
+        migrations=migrations,
+        events=tuple(events),
+    )
+
+
+def _apply(
+    action: Action, placement: Placement, available: tuple[bool, ...], policy: str
+) -> Placement:
+    if action.kind == "stay":
+        return placement
+    if action.kind == "idle":
+        return IDLE
+    if action.kind == "on-demand":
+        return ON_DEMAND
+    if action.kind == "spot":
+        zone = action.zone
+        if zone is None or not 0 <= zone < len(available):
+            raise ValueError(f"policy {policy!r} chose spot zone {zone}, not a zone index")
+        if not available[zone]:
+            raise ValueError(f"policy {policy!r} chose spot zone {zone}, which is down now")
+        return Placement("spot", zone)
+    raise ValueError(f"policy {policy!r} returned unknown action {action.kind!r}")

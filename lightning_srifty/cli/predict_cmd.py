@@ -1,11 +1,175 @@
-"""``srifty predict``: not implemented yet."""
+"""``srifty predict``: predicted step time (with its interval) of a profile on a cluster."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning_srifty.core.catalog import GpuSpec, Offer
+from lightning_srifty.core.cluster import Cluster, ClusterGroup, parse_placement
+from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
+from lightning_srifty.core.profile import Profile
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Adds the ``predict`` sub-command (placeholder until its issue lands)."""
-    p = sub.add_parser("predict", help="(coming soon)")
-    p.set_defaults(func=lambda args: print("srifty predict: not implemented yet") or 3)
+    """Adds the ``predict`` sub-command."""
+    p = sub.add_parser(
+        "predict",
+        help="predict step time of a profiled job on a cluster",
+        description="Predicts seconds per step (with an interval) for a profile on a cluster.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--profile", help="profile JSON written by SriftyCallback")
+    source.add_argument(
+        "--trace-model",
+        metavar="DIR/MODEL",
+        help="a model folder of a Pollux-format trace (uses its single-GPU rows only)",
+    )
+    p.add_argument("--cluster", metavar="TYPE:N", help="N nodes of instance TYPE")
+    p.add_argument("--placement", help="GPUs used per node, one digit each, e.g. 4444")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--local-bsz", type=int, help="samples per GPU per step")
+    batch.add_argument("--global-bsz", type=int, help="samples per step, split by speed")
+    p.add_argument("--calibration", help="calibration JSON from `srifty calibrate`")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run)
+
+
+def _parse_cluster_flag(text: str) -> tuple[str, int]:
+    name, sep, count = text.rpartition(":")
+    if not sep or not name or not count.isdigit() or int(count) < 1:
+        raise ConfigError(f"--cluster {text!r} is not valid: use TYPE:N, e.g. g4dn.12xlarge:4")
+    return name, int(count)
+
+
+def _catalog_offer(instance_type: str) -> tuple[Offer, dict[str, GpuSpec]]:
+    """Looks the instance type up in the catalog (loaded lazily: it reads files)."""
+    from lightning_srifty.io.calibration_io import optional_catalog_io
+
+    catalog_io = optional_catalog_io()
+    if catalog_io is None:
+        raise ConfigError(
+            f"--cluster {instance_type}: the instance catalog is not available in this "
+            "installation; use --trace-model with its hardware.json instead"
+        )
+    offer = catalog_io.load_catalog().offer(instance_type)
+    return offer, dict(catalog_io.load_gpu_specs())
+
+
+def _gpu_specs() -> dict[str, GpuSpec]:
+    from lightning_srifty.io.calibration_io import optional_catalog_io
+
+    catalog_io = optional_catalog_io()
+    return {} if catalog_io is None else dict(catalog_io.load_gpu_specs())
+
+
+def build_cluster(offer: Offer, nodes: int | None, placement: tuple[int, ...] | None) -> Cluster:
+    """Nodes of one offer; ``placement`` chooses GPUs per node (all GPUs otherwise)."""
+    per_node = max(offer.accelerator_count, 1)
+    if placement is None:
+        return Cluster((ClusterGroup(offer, nodes or 1, per_node),))
+    if nodes is not None and len(placement) != nodes:
+        raise ConfigError(
+            f"--placement has {len(placement)} digits but --cluster asks for {nodes} nodes"
+        )
+    too_many = [g for g in placement if g > per_node]
+    if too_many:
+        raise ConfigError(
+            f"--placement uses {max(too_many)} GPUs on a node but {offer.instance_type} has "
+            f"{per_node}"
+        )
+    counts: dict[int, int] = {}
+    for gpus in placement:
+        counts[gpus] = counts.get(gpus, 0) + 1
+    return Cluster(tuple(ClusterGroup(offer, n, g) for g, n in sorted(counts.items())))
+
+
+def _load_inputs(args: argparse.Namespace) -> tuple[Profile, Offer | None, dict[str, GpuSpec]]:
+    from lightning_srifty.io.traces import coarse_profile, load_traces
+
+    if args.profile:
+        from lightning_srifty.io.profile_io import load_profile
+
+        return load_profile(args.profile), None, {}
+    folder = Path(args.trace_model)
+    traces = load_traces(folder.parent, models=[folder.name])
+    model = folder.name
+    profile = coarse_profile(traces.models[model], traces.single_gpu_rows(model), traces.hardware)
+    return profile, traces.hardware.offer(), {}
+
+
+def predict_from_args(args: argparse.Namespace) -> tuple[Prediction, Cluster, Profile]:
+    """Everything ``srifty predict`` computes, for the CLI and for tests."""
+    from lightning_srifty.io.calibration_io import load_calibration
+
+    profile, trace_offer, specs = _load_inputs(args)
+    placement = parse_placement(args.placement) if args.placement else None
+    nodes: int | None = None
+    if args.cluster:
+        instance_type, nodes = _parse_cluster_flag(args.cluster)
+        if trace_offer is not None and trace_offer.instance_type == instance_type:
+            offer = trace_offer
+            specs = _gpu_specs()
+        else:
+            offer, specs = _catalog_offer(instance_type)
+    elif trace_offer is not None:
+        offer = trace_offer
+        specs = _gpu_specs()
+    else:
+        raise ConfigError("--cluster TYPE:N is required with --profile")
+    cluster = build_cluster(offer, nodes, placement)
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    for flag in ("local_bsz", "global_bsz"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer")
+    model = PerformanceModel(specs, calibration)
+    prediction = model.predict(
+        profile, cluster, local_batch=args.local_bsz, global_batch=args.global_bsz
+    )
+    return prediction, cluster, profile
+
+
+def prediction_dict(prediction: Prediction, cluster: Cluster, profile: Profile) -> dict[str, Any]:
+    return {
+        "model": profile.model_name,
+        "cluster": cluster.describe(),
+        "world_size": cluster.world_size,
+        "step_s": prediction.step_s,
+        "low_s": prediction.low_s,
+        "high_s": prediction.high_s,
+        "compute_s": prediction.compute_s,
+        "comm_exposed_s": prediction.comm_s,
+        "allreduce_s": prediction.allreduce_s,
+        "local_batch": list(prediction.local_batch),
+        "global_batch": prediction.global_batch,
+        "memory_gib_per_gpu": list(prediction.memory_gib),
+        "fits": prediction.fits,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    prediction, cluster, profile = predict_from_args(args)
+    data = prediction_dict(prediction, cluster, profile)
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"srifty predict: {data['model'] or 'profile'} on {data['cluster']}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_row("step time", f"{prediction.step_s:.4f} s")
+    table.add_row("interval", f"{prediction.low_s:.4f} – {prediction.high_s:.4f} s")
+    table.add_row("compute (slowest group)", f"{prediction.compute_s:.4f} s")
+    table.add_row("exposed communication", f"{prediction.comm_s:.4f} s")
+    table.add_row("all-reduce (total)", f"{prediction.allreduce_s:.4f} s")
+    table.add_row("local batch per group", ", ".join(str(b) for b in prediction.local_batch))
+    table.add_row("global batch", str(prediction.global_batch))
+    table.add_row("GPUs", str(cluster.world_size))
+    Console().print(table)
+    return 0

@@ -1,0 +1,601 @@
+"""Predicted step time of synchronous data-parallel training on any cluster.
+
+The model is physics first, learning second:
+
+1. **Compute** per GPU is ``alpha + beta·b`` in the local batch ``b``, taken from the
+   profile's measured batch points (exact at measured points, linear between and
+   beyond them). On another accelerator it is scaled by a roofline ratio: per layer
+   ``max(flops/peak, bytes/mem_bw)`` when the profile has per-layer FLOPs and bytes, a
+   whole-step blend of the peak and memory-bandwidth ratios otherwise.
+2. **Communication** is a hierarchical ring all-reduce of the gradient buckets
+   (:mod:`lightning_srifty.core.comm`): intra-node link, then the NIC, the slowest link
+   of any group pacing the whole ring.
+3. **Overlap**: with per-layer data, an event simulation of buckets becoming ready in
+   reverse layer order on one stream; with totals only, Pollux's
+   ``(T_comp^g + T_net^g)^(1/g)``.
+4. **Heterogeneous groups** split a fixed global batch in proportion to speed, capped by
+   memory; the slowest group plus the all-reduce paces the step.
+5. **Calibration** (optional) supplies fitted hardware constants and a boosted-tree
+   multiplicative correction with a quantile interval.
+
+With one batch point we cannot separate fixed from per-sample cost, so ``alpha`` is the
+optimizer step time the profile measured (it does not grow with the batch) and zero for
+a coarse profile: proportional scaling, which over-predicts large-batch steps a little
+rather than under-predicting them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_srifty.core.calibration import Calibration, Correction, PhysicsConstants
+from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
+from lightning_srifty.core.catalog import GpuSpec
+from lightning_srifty.core.cluster import Cluster
+from lightning_srifty.core.comm import (
+    DEFAULT_BUCKET_BYTES,
+    NOMINAL_LINK_GBYTES_S,
+    bucket_count,
+    buckets_from_layers,
+    hierarchical_allreduce_s,
+    pollux_overlap,
+    ring_allreduce_s,
+    simulate_overlap,
+)
+from lightning_srifty.core.errors import PredictionError
+from lightning_srifty.core.profile import Profile
+from lightning_srifty.core.trees import cell_codes
+
+GIB = 1024**3
+MEMORY_HEADROOM = 0.92
+"""Share of device memory usable by tensors (CUDA context and allocator slack)."""
+ROOFLINE_EFFICIENCY = 0.4
+"""Achieved share of peak when a CPU profile's FLOPs/bytes predict a GPU from scratch."""
+MEMORY_BOUND_SHARE = 0.5
+"""Coarse profiles: weight of the memory-bandwidth ratio in the whole-step blend."""
+BACKWARD_SHARE = 2.0 / 3.0
+"""Backward is about twice the forward FLOPs; used when a profile has no phase split."""
+
+_LOG_FLOOR = 1e-9
+_Z90 = 1.2816
+"""Standard-normal 90th percentile: the 10-90 % interval is +-1.28 sigma."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's answer for one cluster."""
+
+    step_s: float
+    low_s: float
+    high_s: float
+    compute_s: float
+    """Slowest group's forward + backward + optimizer time."""
+    comm_s: float
+    """Communication left exposed after overlap (plus the per-step sync overhead)."""
+    allreduce_s: float
+    """Total all-reduce time on the communication stream, hidden or not."""
+    local_batch: tuple[int, ...]
+    """Samples per GPU per step, one per cluster group."""
+    global_batch: int
+    fits: bool
+    memory_gib: tuple[float, ...]
+    """Estimated memory needed per GPU in each group at its local batch."""
+    breakdown: tuple[tuple[str, float], ...]
+    """Short labelled terms (seconds) behind ``step_s``."""
+
+
+@dataclass(frozen=True)
+class _Links:
+    """The links one candidate's all-reduce crosses (arrays over candidates)."""
+
+    world: np.ndarray
+    nodes: np.ndarray
+    gpus_per_node: np.ndarray
+    intra_bytes_s: np.ndarray
+    inter_bytes_s: np.ndarray
+    physics: PhysicsConstants
+
+    def allreduce_s(self, nbytes: float, messages: int) -> np.ndarray:
+        """The faster of a flat ring over all GPUs and the two-level hierarchy.
+
+        NCCL's tuner picks the algorithm with the lowest modelled time; a flat ring is
+        paced by its slowest link (the NIC once nodes are crossed) and the slowest hop's
+        latency, the hierarchy pays both levels but moves less through the NIC.
+        """
+        phys = self.physics
+        multi_node = self.nodes > 1
+        slowest = np.where(
+            multi_node, np.minimum(self.intra_bytes_s, self.inter_bytes_s), self.intra_bytes_s
+        )
+        latency = np.where(multi_node, phys.inter_latency_s, phys.intra_latency_s)
+        intra, inter = hierarchical_allreduce_s(
+            nbytes, self.gpus_per_node, self.nodes, self.intra_bytes_s, phys.intra_latency_s,
+            self.inter_bytes_s, phys.inter_latency_s, messages=messages,
+            inter_algorithm=phys.inter_algorithm,
+        )  # fmt: skip
+        if phys.inter_algorithm == "tree":
+            return np.where(self.world > 1, intra + inter, 0.0)
+        flat = ring_allreduce_s(nbytes, self.world, slowest, latency, messages=messages)
+        return np.where(self.world > 1, np.minimum(flat, intra + inter), 0.0)
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """Compute time on the profiled accelerator: measured points and their line."""
+
+    alpha_s: float
+    beta_s: float
+    batches: np.ndarray
+    times: np.ndarray
+
+    def at(self, batch: np.ndarray) -> np.ndarray:
+        b = np.asarray(batch, dtype=np.float64)
+        if len(self.batches) < 2:
+            return np.asarray(self.alpha_s + self.beta_s * b)
+        lo_b, hi_b = self.batches[0], self.batches[-1]
+        inside = np.interp(b, self.batches, self.times)
+        above = self.times[-1] + self.beta_s * (b - hi_b)
+        below = self.times[0] + self.beta_s * (b - lo_b)
+        out = np.where(b > hi_b, above, np.where(b < lo_b, below, inside))
+        return np.maximum(out, 0.05 * self.times[0])
+
+
+def step_time_cv(profile: Profile) -> float:
+    """Coefficient of variation of the profiled step time, from its p50 and p90.
+
+    Steps whose cost depends on the data (variable-length sequences, multi-scale
+    images) vary from step to step; a synchronous step waits for the slowest of ``p``
+    workers, so this spread, on top of the hardware's own, sets the straggler cost.
+    Assumes a normal spread: ``sigma = (p90 - p50)/1.2816``.
+    """
+    spread = profile.steps.step
+    if spread.count < 2 or spread.mean_s <= 0:
+        return 0.0
+    return max(spread.p90_s - spread.p50_s, 0.0) / 1.2816 / spread.mean_s
+
+
+def fit_compute_curve(profile: Profile) -> _Curve:
+    """``alpha + beta·b`` by least squares over the profile's batch points."""
+    points = sorted(profile.step_points(), key=lambda p: p.local_batch_size)
+    merged: dict[int, list[float]] = {}
+    for p in points:
+        value = p.compute_s if p.compute_s is not None else p.step_s
+        merged.setdefault(p.local_batch_size, []).append(value)
+    batches = np.asarray(sorted(merged), dtype=np.float64)
+    times = np.asarray([float(np.mean(merged[int(b)])) for b in batches])
+    if len(batches) >= 2:
+        slope, intercept = np.polyfit(batches, times, 1)
+        beta = float(max(slope, 1e-12))
+        alpha = float(max(intercept, 0.0))
+    else:
+        alpha = min(profile.steps.optimizer_s, 0.5 * float(times[0]))
+        beta = max(float(times[0]) - alpha, 1e-12) / float(batches[0])
+    return _Curve(alpha, beta, batches, times)
+
+
+def _peak_tflops(spec: GpuSpec, precision: str) -> float:
+    if precision in ("16-mixed", "bf16-mixed", "16-true", "bf16-true"):
+        return spec.fp16_tflops or spec.fp32_tflops
+    if precision == "tf32":
+        return spec.tf32_tflops or spec.fp32_tflops
+    return spec.fp32_tflops
+
+
+class PerformanceModel:
+    """Predicts step time for one profile on any cluster (vectorised over candidates).
+
+    Args:
+        gpu_specs: published peak figures per accelerator name, for cross-GPU scaling.
+        calibration: fitted hardware constants and correction; ``None`` uses nominal
+            bandwidths and default constants.
+    """
+
+    def __init__(self, gpu_specs: Mapping[str, GpuSpec], calibration: Calibration | None = None):
+        self.gpu_specs = dict(gpu_specs)
+        self.calibration = calibration or Calibration(physics=PhysicsConstants())
+        self.physics = self.calibration.physics
+
+    # ----------------------------------------------------------------- compute
+    def compute_ratio(self, profile: Profile, accelerator: str) -> float | None:
+        """Time on ``accelerator`` over time on the profiled device; ``None`` if unknown."""
+        source = profile.environment.accelerator
+        if accelerator == source:
+            return 1.0
+        target = self.gpu_specs.get(accelerator)
+        if target is None:
+            return None
+        precision = profile.environment.precision
+        peak_t = _peak_tflops(target, precision) * 1e12
+        bw_t = target.mem_bw_gbps * 1e9
+        src = self.gpu_specs.get(source)
+        if src is None:
+            return self._absolute_roofline_ratio(profile, peak_t, bw_t)
+        peak_s = _peak_tflops(src, precision) * 1e12
+        bw_s = src.mem_bw_gbps * 1e9
+        layers = [x for x in profile.layers if x.flops > 0 or x.activation_bytes > 0]
+        if layers:
+            src_time = sum(x.forward_s + x.backward_s for x in layers)
+            if src_time > 0:
+                new_time = 0.0
+                for x in layers:
+                    before = max(x.flops / peak_s, 3 * x.activation_bytes / bw_s)
+                    after = max(x.flops / peak_t, 3 * x.activation_bytes / bw_t)
+                    scale = after / before if before > 0 else bw_s / bw_t
+                    new_time += (x.forward_s + x.backward_s) * scale
+                return new_time / src_time
+        return (1 - MEMORY_BOUND_SHARE) * peak_s / peak_t + MEMORY_BOUND_SHARE * bw_s / bw_t
+
+    def _absolute_roofline_ratio(self, profile: Profile, peak: float, bw: float) -> float | None:
+        """CPU (or unlisted) source: predict from FLOPs and bytes alone."""
+        flops = profile.flops_per_step or sum(x.flops for x in profile.layers)
+        moved = 3 * sum(x.activation_bytes for x in profile.layers)
+        measured = profile.steps.forward_s + profile.steps.backward_s
+        if measured <= 0:
+            measured = profile.steps.step.mean_s
+        if flops <= 0 or measured <= 0:
+            return None
+        predicted = max(flops / peak, moved / bw) / ROOFLINE_EFFICIENCY
+        return predicted / measured
+
+    def _phase_shares(self, profile: Profile) -> tuple[float, float]:
+        """(forward share, backward share) of compute; the rest is the optimizer."""
+        s = profile.steps
+        total = s.forward_s + s.backward_s + s.optimizer_s
+        if total > 0 and s.backward_s > 0:
+            return s.forward_s / total, s.backward_s / total
+        return 1 - BACKWARD_SHARE, BACKWARD_SHARE
+
+    # ------------------------------------------------------------------ memory
+    @staticmethod
+    def memory_model(profile: Profile) -> tuple[float, float]:
+        """(static bytes, activation bytes per sample) on one GPU."""
+        m = profile.memory
+        static = float(m.param_bytes + m.grad_bytes + m.optimizer_state_bytes)
+        b0 = max(profile.environment.local_batch_size, 1)
+        activations = float(m.activation_bytes)
+        if m.peak_kind == "cuda_max_allocated" and m.peak_bytes > static:
+            activations = max(activations, m.peak_bytes - static)
+        return static, activations / b0
+
+    # ------------------------------------------------------------- evaluation
+    def _evaluate(
+        self,
+        profile: Profile,
+        cand: CandidateArrays,
+        local_batch: int | np.ndarray | None,
+        global_batch: int | None,
+    ) -> dict[str, np.ndarray]:
+        phys = self.physics
+        nodes = np.asarray(cand.nodes, dtype=np.int64)
+        gpn = np.asarray(cand.gpus_per_node, dtype=np.int64)
+        present = nodes > 0
+        workers = np.where(present, nodes * gpn, 0)
+        n, width = nodes.shape
+        curve = fit_compute_curve(profile)
+
+        ratio = np.full((n, width), np.nan)
+        for name, mask in _distinct(np.asarray(cand.accelerator), present):
+            r = self.compute_ratio(profile, name)
+            ratio[mask] = np.nan if r is None else r
+        known = ~np.isnan(ratio) | ~present
+        colocation = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
+        speed_scale = np.where(present & known, np.nan_to_num(ratio, nan=1.0) * colocation, 1.0)
+
+        static, per_sample = self.memory_model(profile)
+        usable = np.asarray(cand.gpu_memory_gib, dtype=np.float64) * GIB * MEMORY_HEADROOM
+        if per_sample > 0:
+            cap = np.floor((usable - static) / per_sample)
+        else:
+            cap = np.where(usable >= static, np.inf, 0.0)
+        cap = np.where(present, cap, np.inf)
+
+        default_b = profile.environment.local_batch_size
+        if local_batch is not None:
+            per_row = np.asarray(local_batch, dtype=np.float64).reshape(-1, 1)
+            b = np.where(present, per_row, 0.0)
+        elif global_batch is not None:
+            b = self._split_global(global_batch, curve, speed_scale, workers, present, cap)
+        else:
+            b = np.where(present, float(default_b), 0.0)
+        b_int = np.where(present, np.maximum(np.rint(b), 1.0), 0.0)
+        fits = _row_all(~present | ((b_int <= cap) & known))
+
+        world = _row_sum(workers)
+        total_nodes = _row_sum(nodes)
+        gmax = _row_max(np.where(present, gpn, 0))
+        cv = float(np.hypot(phys.straggler_cv, step_time_cv(profile)))
+        straggle = 1.0 + cv * np.sqrt(2.0 * np.log(np.maximum(world, 1)))
+        group_compute = np.where(present, curve.at(np.maximum(b_int, 1.0)) * speed_scale, 0.0)
+        compute = _row_max(group_compute) * straggle
+
+        nominal_intra = np.where(
+            np.asarray(cand.nvlink, dtype=bool),
+            NOMINAL_LINK_GBYTES_S["NVLink"],
+            NOMINAL_LINK_GBYTES_S["PCIe"],
+        )
+        intra_bw = _row_min(np.where(present & (gpn > 1), nominal_intra, np.inf))
+        intra_bw = intra_bw * 1e9 * phys.intra_bw_efficiency
+        net = np.asarray(cand.network_gbps, dtype=np.float64)
+        inter_bw = _row_min(np.where(present, net, np.inf)) * 1e9 / 8 * phys.inter_bw_efficiency
+        links = _Links(world, total_nodes, gmax, intra_bw, inter_bw, phys)
+        grad_bytes = float(profile.grad_bytes)
+
+        fwd_share, bwd_share = self._phase_shares(profile)
+        detailed = profile.is_detailed and bool(profile.layers)
+        if detailed and grad_bytes > 0:
+            bucket_bytes, ready = self._bucket_layout(profile)
+            costs = []
+            costs = [links.allreduce_s(float(size), 1) for size in bucket_bytes]
+            allreduce = np.sum(costs, axis=0) if costs else np.zeros(n)
+            _, exposed = simulate_overlap(compute * bwd_share, ready, costs)
+            synced = compute + exposed
+        else:
+            allreduce = links.allreduce_s(grad_bytes, bucket_count(int(grad_bytes)))
+            synced = pollux_overlap(compute, allreduce, phys.gamma)
+        overhead = np.where(world > 1, phys.step_overhead_s, 0.0)
+        step = synced + overhead
+        all_known = _row_all(known)
+        step = np.where(all_known, step, np.inf)
+
+        low_log = np.full(n, self.calibration.residual_low)
+        high_log = np.full(n, self.calibration.residual_high)
+        correction = self.calibration.correction
+        if correction is not None:
+            multi = (world > 1) & np.isfinite(step)
+            if multi.any():
+                feats = correction_features(
+                    world[multi], total_nodes[multi], gmax[multi], allreduce[multi],
+                    compute[multi],
+                )  # fmt: skip
+                mid, lo, hi = _evaluate_correction(correction, feats)
+                scale = np.ones(n)
+                scale[multi] = np.exp(mid)
+                # row scatter (quantile trees) and whole-model offset add in quadrature
+                shift = _Z90 * self.calibration.model_spread
+                low_log[multi] = -np.hypot(np.minimum(lo - mid, 0.0), shift)
+                high_log[multi] = np.hypot(np.maximum(hi - mid, 0.0), shift)
+                step = step * scale
+        memory = np.where(present, static + per_sample * b_int, 0.0) / GIB
+        return {
+            "step": step,
+            "low": step * np.exp(low_log),
+            "high": step * np.exp(high_log),
+            "fits": fits & all_known,
+            "known": known,
+            "local_batch": b_int.astype(np.int64),
+            "global_batch": _row_sum(b_int * workers).astype(np.int64),
+            "compute": compute,
+            "allreduce": allreduce,
+            "exposed": synced - compute + overhead,
+            "memory_gib": memory,
+            "cap": cap,
+        }
+
+    def _bucket_layout(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
+        """Bucket sizes in ready order and their ready time as a share of backward."""
+        if profile.buckets:
+            ordered = sorted(profile.buckets, key=lambda x: x.ready_order)
+            last = max(x.ready_offset_s for x in ordered) or 1.0
+            sizes = np.asarray([x.bytes for x in ordered], dtype=np.float64)
+            backward = profile.steps.backward_s or last
+            ready = np.clip([x.ready_offset_s / max(backward, last) for x in ordered], 0, 1)
+            return sizes, np.asarray(ready, dtype=np.float64)
+        return buckets_from_layers(
+            [x.param_bytes for x in profile.layers],
+            [x.backward_s for x in profile.layers],
+            DEFAULT_BUCKET_BYTES,
+        )
+
+    @staticmethod
+    def _split_global(
+        global_batch: int,
+        curve: _Curve,
+        speed_scale: np.ndarray,
+        workers: np.ndarray,
+        present: np.ndarray,
+        cap: np.ndarray,
+    ) -> np.ndarray:
+        """Local batch per group so every group finishes together, within memory.
+
+        Solves ``alpha_j + beta_j·b_j = T`` for all groups with ``sum w_j b_j = B``; a
+        group that would exceed its memory is pinned at its cap and the rest re-solved.
+        """
+        alpha = curve.alpha_s * speed_scale
+        beta = curve.beta_s * speed_scale
+        pinned = np.zeros_like(present)
+        b = np.zeros(present.shape, dtype=np.float64)
+        for _ in range(present.shape[1] + 1):
+            free = present & ~pinned
+            fixed = _row_sum(np.where(pinned, workers * np.where(pinned, cap, 0.0), 0.0))
+            weight = _row_sum(np.where(free, workers / beta, 0.0))
+            offset = _row_sum(np.where(free, workers * alpha / beta, 0.0))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                target = (global_batch - fixed + offset) / weight
+            b = np.where(free, (target[:, None] - alpha) / beta, np.where(pinned, cap, 0.0))
+            b = np.where(present, np.maximum(b, 1.0), 0.0)
+            over = free & (b > cap)
+            if not over.any():
+                break
+            pinned = pinned | over
+        return np.nan_to_num(b, nan=1.0, posinf=1.0)
+
+    # ---------------------------------------------------------------- public
+    def predict_batch(
+        self,
+        profile: Profile,
+        candidates: CandidateArrays,
+        *,
+        local_batch: int | np.ndarray | None = None,
+        global_batch: int | None = None,
+    ) -> StepTimeArrays:
+        """Step times for every candidate at once (no Python loop per candidate).
+
+        ``local_batch`` may also be an (n,) array: one local batch per candidate, which
+        calibration uses to score measured rows taken at different batch sizes.
+        """
+        _check_batches(local_batch, global_batch)
+        out = self._evaluate(profile, candidates, local_batch, global_batch)
+        return StepTimeArrays(
+            step_s=out["step"],
+            low_s=out["low"],
+            high_s=out["high"],
+            fits=out["fits"],
+            local_batch=out["local_batch"],
+            global_batch=out["global_batch"],
+        )
+
+    def predict(
+        self,
+        profile: Profile,
+        cluster: Cluster,
+        *,
+        local_batch: int | None = None,
+        global_batch: int | None = None,
+    ) -> Prediction:
+        """One cluster, with a breakdown; raises :class:`PredictionError` if impossible."""
+        _check_batches(local_batch, global_batch)
+        cand = CandidateArrays.from_clusters([cluster])
+        out = self._evaluate(profile, cand, local_batch, global_batch)
+        for j, group in enumerate(cluster.groups):
+            name = group.offer.accelerator
+            if not out["known"][0, j]:
+                known = ", ".join(sorted(self.gpu_specs)) or "none loaded"
+                raise PredictionError(
+                    f"cannot scale the profile from {profile.environment.accelerator} to "
+                    f"{name or 'a CPU-only instance'} ({group.offer.instance_type}): no GPU "
+                    f"spec for it (known: {known})"
+                )
+            b = int(out["local_batch"][0, j])
+            if b > out["cap"][0, j]:
+                raise PredictionError(
+                    f"the model needs {out['memory_gib'][0, j]:.1f} GiB per GPU at local batch "
+                    f"{b}, {name} on {group.offer.instance_type} has "
+                    f"{group.offer.gpu_memory_gib:g} GiB"
+                )
+        step = float(out["step"][0])
+        compute = float(out["compute"][0])
+        exposed = float(out["exposed"][0])
+        return Prediction(
+            step_s=step,
+            low_s=float(out["low"][0]),
+            high_s=float(out["high"][0]),
+            compute_s=compute,
+            comm_s=exposed,
+            allreduce_s=float(out["allreduce"][0]),
+            local_batch=tuple(int(x) for x in out["local_batch"][0, : len(cluster.groups)]),
+            global_batch=int(out["global_batch"][0]),
+            fits=bool(out["fits"][0]),
+            memory_gib=tuple(float(x) for x in out["memory_gib"][0, : len(cluster.groups)]),
+            breakdown=(
+                ("compute", compute),
+                ("allreduce (total)", float(out["allreduce"][0])),
+                ("exposed comm + overhead", exposed),
+                ("correction x", step / max(compute + exposed, _LOG_FLOOR)),
+            ),
+        )
+
+
+def correction_features(
+    world: np.ndarray,
+    nodes: np.ndarray,
+    gpus_per_node: np.ndarray,
+    allreduce_s: np.ndarray,
+    compute_s: np.ndarray,
+) -> np.ndarray:
+    """Feature matrix in :data:`~lightning_srifty.core.calibration.FEATURE_NAMES` order."""
+    compute = np.maximum(np.asarray(compute_s, dtype=np.float64), _LOG_FLOOR)
+    comm = np.maximum(np.asarray(allreduce_s, dtype=np.float64), _LOG_FLOOR)
+    return np.column_stack(
+        [
+            np.log(np.maximum(world, 1)),
+            np.log(np.maximum(nodes, 1)),
+            np.asarray(gpus_per_node, dtype=np.float64),
+            np.log(comm / compute),
+        ]
+    )
+
+
+def _evaluate_correction(
+    correction: Correction, features: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Evaluates the three ensembles once per distinct feature row."""
+    x = np.asarray(features, dtype=np.float64)
+    ensembles = (correction.median, correction.low, correction.high)
+    points = [
+        np.unique(np.concatenate([e.thresholds(j) for e in ensembles])) for j in range(x.shape[1])
+    ]
+    codes = cell_codes(x, points)
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    distinct = x[first]
+    mid = correction.median.predict(distinct)[inverse]
+    lo = correction.low.predict(distinct)[inverse]
+    hi = correction.high.predict(distinct)[inverse]
+    return mid, lo, hi
+
+
+def _distinct(names: np.ndarray, present: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """(name, mask) for each distinct accelerator among present groups.
+
+    One vectorised string comparison per distinct name (a handful), instead of sorting
+    millions of Python strings; object arrays are converted to fixed-width once.
+    """
+    fixed = names if names.dtype.kind == "U" else names.astype(str)
+    unresolved = present.copy()
+    out: list[tuple[str, np.ndarray]] = []
+    while True:
+        flat = int(np.argmax(unresolved))
+        if not unresolved.flat[flat]:
+            return out
+        name = str(fixed.flat[flat])
+        mask = (fixed == name) & present
+        out.append((name, mask))
+        unresolved &= ~mask
+
+
+def _columns(a: np.ndarray) -> list[np.ndarray]:
+    return [a[:, j] for j in range(a.shape[1])]
+
+
+def _row_sum(a: np.ndarray) -> np.ndarray:
+    """Row sums over the (few) group columns; faster than ``sum(axis=1)`` on tall arrays."""
+    cols = _columns(a)
+    out = cols[0].copy()
+    for c in cols[1:]:
+        out += c
+    return out
+
+
+def _row_max(a: np.ndarray) -> np.ndarray:
+    cols = _columns(a)
+    out = cols[0].copy()
+    for c in cols[1:]:
+        np.maximum(out, c, out=out)
+    return out
+
+
+def _row_min(a: np.ndarray) -> np.ndarray:
+    cols = _columns(a)
+    out = cols[0].copy()
+    for c in cols[1:]:
+        np.minimum(out, c, out=out)
+    return out
+
+
+def _row_all(a: np.ndarray) -> np.ndarray:
+    cols = _columns(a)
+    out = cols[0].copy()
+    for c in cols[1:]:
+        out &= c
+    return out
+
+
+def _check_batches(local_batch: int | np.ndarray | None, global_batch: int | None) -> None:
+    if local_batch is not None and global_batch is not None:
+        raise PredictionError("give local_batch or global_batch, not both")
+    if local_batch is not None and np.any(np.asarray(local_batch) < 1):
+        raise PredictionError(f"local_batch must be positive, got {local_batch}")
+    if global_batch is not None and global_batch < 1:
+        raise PredictionError(f"global_batch must be a positive integer, got {global_batch}")

@@ -1,0 +1,87 @@
+"""All-reduce costs and the bucket/backward overlap simulation, against hand values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lightning_srifty.core.comm import (
+    bucket_count,
+    buckets_from_layers,
+    hierarchical_allreduce_s,
+    pollux_overlap,
+    ring_allreduce_s,
+    simulate_overlap,
+    tree_allreduce_s,
+)
+
+
+def test_ring_matches_the_textbook_formula() -> None:
+    # p=4, S=1e9 B, beta=1e10 B/s, alpha=1e-5 s: 6 alpha + 1.5 S/beta
+    got = ring_allreduce_s(1e9, 4, 1e10, 1e-5)
+    assert float(got) == pytest.approx(6e-5 + 0.15)
+
+
+def test_ring_is_free_on_one_worker_and_vectorises() -> None:
+    got = ring_allreduce_s(1e9, np.array([1, 2, 8]), 1e9, 0.0)
+    assert got.tolist() == pytest.approx([0.0, 1.0, 1.75])
+
+
+def test_latency_is_paid_per_message() -> None:
+    one = ring_allreduce_s(1e6, 2, 1e12, 1e-3, messages=1)
+    ten = ring_allreduce_s(1e6, 2, 1e12, 1e-3, messages=10)
+    assert float(ten - one) == pytest.approx(9 * 2e-3)
+
+
+def test_hierarchical_splits_intra_and_inter_node() -> None:
+    intra, inter = hierarchical_allreduce_s(8e8, 4, 2, 1e10, 0.0, 1e9, 0.0)
+    assert float(intra) == pytest.approx(1.5 * 8e8 / 1e10)
+    assert float(inter) == pytest.approx(1.0 * 8e8 / 1e9)
+    intra1, inter1 = hierarchical_allreduce_s(8e8, 4, 1, 1e10, 0.0, 1e9, 0.0)
+    assert float(inter1) == 0.0 and float(intra1) == float(intra)
+
+
+def test_tree_costs_the_same_bandwidth_on_2_and_16_nodes() -> None:
+    two = tree_allreduce_s(1e9, 2, 1e9, 0.0)
+    sixteen = tree_allreduce_s(1e9, 16, 1e9, 0.0)
+    assert float(two) == pytest.approx(2.0) and float(sixteen) == pytest.approx(2.0)
+    assert float(tree_allreduce_s(1e9, 16, 1e9, 1e-3)) == pytest.approx(2.0 + 8e-3)
+
+
+def test_pollux_overlap_between_sum_and_max() -> None:
+    assert float(pollux_overlap(3.0, 4.0, 1.0)) == pytest.approx(7.0)
+    assert float(pollux_overlap(3.0, 4.0, 2.0)) == pytest.approx(5.0)
+    big = float(pollux_overlap(3.0, 4.0, 10.0))
+    assert 4.0 < big < 4.1
+    assert float(pollux_overlap(1e-200, 0.0, 10.0)) == pytest.approx(1e-200)
+
+
+def test_event_simulation_hides_comm_that_fits_inside_backward() -> None:
+    end, exposed = simulate_overlap(
+        np.array([1.0]), np.array([0.25, 0.5]), [np.array([0.2]), np.array([0.2])]
+    )
+    # bucket 0: 0.25 -> 0.45; bucket 1: 0.5 -> 0.7; backward ends at 1.0
+    assert end[0] == pytest.approx(1.0) and exposed[0] == pytest.approx(0.0)
+
+
+def test_event_simulation_queues_buckets_on_one_stream() -> None:
+    _, exposed = simulate_overlap(
+        np.array([1.0, 1.0]),
+        np.array([0.5, 1.0]),
+        [np.array([1.0, 0.3]), np.array([0.1, 0.3])],
+    )
+    # candidate 0: 0.5 -> 1.5, then 1.5 -> 1.6: 0.6 exposed
+    # candidate 1: 0.5 -> 0.8, then ready at 1.0 -> 1.3: 0.3 exposed
+    assert exposed.tolist() == pytest.approx([0.6, 0.3])
+
+
+def test_buckets_fill_in_reverse_layer_order() -> None:
+    sizes, ready = buckets_from_layers([10, 20, 30], [0.1, 0.2, 0.3], bucket_bytes=25)
+    assert sizes.tolist() == [30, 30]
+    assert ready.tolist() == pytest.approx([0.5, 1.0])
+
+
+def test_bucket_count_uses_ddp_default() -> None:
+    assert bucket_count(0) == 0
+    assert bucket_count(1) == 1
+    assert bucket_count(25 * 1024 * 1024 + 1) == 2

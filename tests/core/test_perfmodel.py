@@ -1,0 +1,283 @@
+"""The performance model on hand-built profiles and clusters (milliseconds each)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lightning_srifty.core.calibration import Calibration, Correction, PhysicsConstants
+from lightning_srifty.core.candidates import CandidateArrays
+from lightning_srifty.core.catalog import GpuSpec, Offer
+from lightning_srifty.core.cluster import Cluster, ClusterGroup
+from lightning_srifty.core.errors import PredictionError
+from lightning_srifty.core.perfmodel import PerformanceModel, fit_compute_curve
+from lightning_srifty.core.profile import (
+    BatchPoint,
+    Environment,
+    LayerTiming,
+    Memory,
+    Profile,
+    Spread,
+    StepTimes,
+)
+from lightning_srifty.core.trees import Tree, TreeEnsemble
+
+SPECS = {
+    "T4": GpuSpec("T4", 8.1, 8.1, 65.0, 320.0, 16.0),
+    "V100": GpuSpec("V100", 15.7, 15.7, 125.0, 900.0, 16.0),
+}
+GIB = 1024**3
+
+
+def offer(
+    acc: str = "T4",
+    count: int = 4,
+    gbps: float = 50.0,
+    mem: float = 16.0,
+    link: str = "PCIe",
+    name: str = "g4dn.12xlarge",
+) -> Offer:
+    return Offer(name, acc, count, mem, 48, 192, "us-west-2", "usw2-az1", 3.9, 1.2, link, gbps)
+
+
+def coarse(
+    points: dict[int, float],
+    grad_bytes: int = 100 * 1024**2,
+    acc: str = "T4",
+    static: int = 0,
+    activations: int = 0,
+    b0: int = 16,
+) -> Profile:
+    return Profile(
+        kind="coarse",
+        environment=Environment("NVIDIA " + acc, acc, 1, 1, 1, "32-true", b0, "", ""),
+        steps=StepTimes(Spread(points[b0], points[b0], points[b0], 10), 0, 0, 0, 0, 0, 10),
+        grad_bytes=grad_bytes,
+        flops_per_step=0.0,
+        memory=Memory(static, 0, 0, activations, 0, "unknown"),
+        batch_points=tuple(BatchPoint(b, t, t) for b, t in points.items()),
+    )
+
+
+PROFILE = coarse({8: 0.10, 16: 0.18, 32: 0.34})
+PHYS = PhysicsConstants(gamma=1.0, inter_latency_s=0.0, intra_latency_s=0.0)
+
+
+def one_group(nodes: int, gpus: int, o: Offer | None = None) -> Cluster:
+    return Cluster((ClusterGroup(o or offer(), nodes, gpus),))
+
+
+def test_compute_curve_is_exact_at_measured_points_and_linear_between() -> None:
+    curve = fit_compute_curve(PROFILE)
+    assert curve.alpha_s == pytest.approx(0.02) and curve.beta_s == pytest.approx(0.01)
+    got = curve.at(np.array([8.0, 12.0, 64.0]))
+    assert got.tolist() == pytest.approx([0.10, 0.14, 0.34 + 0.01 * 32])
+
+
+def test_single_point_profile_is_proportional_to_batch() -> None:
+    curve = fit_compute_curve(coarse({16: 0.2}))
+    assert curve.at(np.array([32.0])).tolist() == pytest.approx([0.4])
+
+
+def test_one_gpu_on_the_profiled_accelerator_is_the_profile() -> None:
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    pred = model.predict(PROFILE, one_group(1, 1))
+    assert pred.step_s == pytest.approx(0.18)
+    assert pred.comm_s == 0.0 and pred.global_batch == 16
+
+
+def test_two_nodes_add_the_ring_time_with_gamma_one() -> None:
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    pred = model.predict(PROFILE, one_group(2, 1))
+    ring = 100 * 1024**2 / (50e9 / 8)  # 2 workers: S/beta
+    assert pred.allreduce_s == pytest.approx(ring)
+    assert pred.step_s == pytest.approx(0.18 + ring)
+
+
+def test_predict_equals_predict_batch_on_one_candidate() -> None:
+    cal = Calibration(PhysicsConstants(gamma=2.5, colocation_slowdown=0.03, straggler_cv=0.02))
+    model = PerformanceModel(SPECS, cal)
+    cluster = Cluster((ClusterGroup(offer(), 2, 4), ClusterGroup(offer("V100", 8, 25), 1, 8)))
+    for kwargs in ({}, {"local_batch": 12}, {"global_batch": 500}):
+        single = model.predict(PROFILE, cluster, **kwargs)  # type: ignore[arg-type]
+        batch = model.predict_batch(
+            PROFILE,
+            CandidateArrays.from_clusters([cluster]),
+            **kwargs,  # type: ignore[arg-type]
+        )
+        assert single.step_s == pytest.approx(float(batch.step_s[0]), rel=1e-12)
+        assert single.low_s == pytest.approx(float(batch.low_s[0]), rel=1e-12)
+        assert single.global_batch == int(batch.global_batch[0])
+
+
+def test_more_nodes_never_make_communication_cheaper_per_step() -> None:
+    model = PerformanceModel(SPECS)
+    cands = CandidateArrays.from_clusters([one_group(n, 4) for n in (1, 2, 4, 8, 16)])
+    out = model.predict_batch(PROFILE, cands)
+    assert np.all(np.diff(out.step_s) >= 0)
+    assert out.global_batch.tolist() == [16 * 4 * n for n in (1, 2, 4, 8, 16)]
+    assert np.all(out.low_s <= out.step_s) and np.all(out.step_s <= out.high_s)
+
+
+def test_global_batch_is_split_by_speed_so_groups_finish_together() -> None:
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    cluster = Cluster(
+        (ClusterGroup(offer(), 1, 4), ClusterGroup(offer("V100", 4, 50, name="p3.8xlarge"), 1, 4))
+    )
+    pred = model.predict(PROFILE, cluster, global_batch=256)
+    t4, v100 = pred.local_batch
+    assert v100 > t4
+    ratio = model.compute_ratio(PROFILE, "V100")
+    assert ratio is not None
+    t4_time = 0.02 + 0.01 * t4
+    v100_time = (0.02 + 0.01 * v100) * ratio
+    assert abs(t4_time - v100_time) < 0.01 * max(1.0, ratio) + 1e-9
+    assert abs(pred.global_batch - 256) <= 8
+
+
+def test_coarse_cross_gpu_scaling_blends_peak_and_bandwidth() -> None:
+    ratio = PerformanceModel(SPECS).compute_ratio(PROFILE, "V100")
+    assert ratio == pytest.approx(0.5 * 8.1 / 15.7 + 0.5 * 320.0 / 900.0)
+
+
+def test_detailed_per_layer_roofline_scales_compute_bound_layers_by_peak() -> None:
+    layer = LayerTiming("l", "b", "Linear", 0.01, 0.02, 10, 40, flops=1e12, activation_bytes=1)
+    prof = dataclasses.replace(PROFILE, kind="detailed", layers=(layer,))
+    assert PerformanceModel(SPECS).compute_ratio(prof, "V100") == pytest.approx(8.1 / 15.7)
+
+
+def test_model_too_big_for_the_gpu_is_reported() -> None:
+    big = coarse({8: 0.1, 16: 0.18}, static=14 * GIB, activations=int(1 * GIB))
+    model = PerformanceModel(SPECS)
+    out = model.predict_batch(big, CandidateArrays.from_clusters([one_group(1, 1)]))
+    assert not out.fits[0]
+    with pytest.raises(PredictionError, match=r"needs 15\.0 GiB per GPU at local batch 16.*16 GiB"):
+        model.predict(big, one_group(1, 1))
+
+
+def test_memory_caps_the_heterogeneous_split() -> None:
+    prof = coarse({8: 0.1, 16: 0.18}, static=1 * GIB, activations=int(16 * 0.1 * GIB))
+    small = offer("V100", 4, 50, mem=4.0, name="tiny")
+    cluster = Cluster((ClusterGroup(offer(), 1, 4), ClusterGroup(small, 1, 4)))
+    pred = PerformanceModel(SPECS).predict(prof, cluster, global_batch=256)
+    cap = int((4.0 * 0.92 - 1.0) / 0.1)
+    assert pred.local_batch[1] <= cap and pred.fits
+
+
+def test_unknown_accelerator_is_not_a_fit() -> None:
+    model = PerformanceModel(SPECS)
+    cluster = one_group(1, 1, offer("Mystery9000", 1))
+    out = model.predict_batch(PROFILE, CandidateArrays.from_clusters([cluster]))
+    assert not out.fits[0] and np.isinf(out.step_s[0])
+    with pytest.raises(PredictionError, match="no GPU spec for it"):
+        model.predict(PROFILE, cluster)
+
+
+def test_correction_multiplies_multi_gpu_steps_only() -> None:
+    leaf = Tree((0,), (0.0,), (-1,), (-1,), (0.0,))
+    doubling = Correction(
+        ("log_replicas", "log_nodes", "gpus_per_node", "log_comm_over_compute"),
+        TreeEnsemble(float(np.log(2.0)), 1.0, (leaf,)),
+        TreeEnsemble(float(np.log(1.5)), 1.0, (leaf,)),
+        TreeEnsemble(float(np.log(3.0)), 1.0, (leaf,)),
+    )
+    plain = PerformanceModel(SPECS, Calibration(PHYS))
+    fixed = PerformanceModel(SPECS, Calibration(PHYS, correction=doubling))
+    cands = CandidateArrays.from_clusters([one_group(1, 1), one_group(2, 4)])
+    a, b = plain.predict_batch(PROFILE, cands), fixed.predict_batch(PROFILE, cands)
+    assert b.step_s[0] == pytest.approx(a.step_s[0])
+    assert b.step_s[1] == pytest.approx(2 * a.step_s[1])
+    assert b.low_s[1] == pytest.approx(1.5 * a.step_s[1])
+    assert b.high_s[1] == pytest.approx(3 * a.step_s[1])
+    spread = PerformanceModel(SPECS, Calibration(PHYS, correction=doubling, model_spread=0.2))
+    c = spread.predict_batch(PROFILE, cands)
+    widen = 1.2816 * 0.2
+    assert c.step_s[1] == pytest.approx(b.step_s[1])
+    assert c.low_s[1] == pytest.approx(b.step_s[1] * np.exp(-np.hypot(np.log(0.75), widen)))
+    assert c.high_s[1] == pytest.approx(b.step_s[1] * np.exp(np.hypot(np.log(1.5), widen)))
+
+
+def _detailed(bucket_bytes: int) -> Profile:
+    layers = tuple(
+        LayerTiming(f"l{i}", "b", "Linear", 0.01, 0.02, 1, bucket_bytes, 0.0, 0) for i in range(4)
+    )
+    steps = StepTimes(Spread(0.14, 0.14, 0.14, 10), 0.04, 0.08, 0.02, 0.0, 0, 10)
+    return dataclasses.replace(
+        coarse({16: 0.14}),
+        kind="detailed",
+        layers=layers,
+        steps=steps,
+        grad_bytes=4 * bucket_bytes,
+    )
+
+
+def test_detailed_profile_uses_the_bucket_event_simulation() -> None:
+    size = 30 * 1024**2  # one bucket per layer (above the 25 MiB cap)
+    prof = _detailed(size)
+    beta = 50e9 / 8
+    per_bucket = size / beta  # 2 nodes, 1 GPU each: S/beta per bucket
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    pred = model.predict(prof, one_group(2, 1))
+    # backward 0.08 s; bucket i ready at 0.02*(i+1); one stream
+    free = 0.0
+    for i in range(4):
+        free = max(free, 0.02 * (i + 1)) + per_bucket
+    expected = 0.04 + max(free, 0.08) + 0.02
+    assert pred.step_s == pytest.approx(expected, rel=1e-9)
+    assert pred.allreduce_s == pytest.approx(4 * per_bucket)
+
+
+def test_bad_batch_arguments_are_rejected() -> None:
+    model = PerformanceModel(SPECS)
+    with pytest.raises(PredictionError):
+        model.predict(PROFILE, one_group(1, 1), local_batch=4, global_batch=8)
+    with pytest.raises(PredictionError):
+        model.predict(PROFILE, one_group(1, 1), local_batch=0)
+
+
+def test_string_and_object_accelerator_columns_agree() -> None:
+    model = PerformanceModel(SPECS)
+    clusters = [one_group(2, 4), one_group(1, 4, offer("V100", 4)), one_group(3, 1)]
+    obj = CandidateArrays.from_clusters(clusters)
+    text = dataclasses.replace(obj, accelerator=obj.accelerator.astype(str))
+    assert model.predict_batch(PROFILE, obj).step_s.tolist() == (
+        model.predict_batch(PROFILE, text).step_s.tolist()
+    )
+
+
+def test_step_time_spread_adds_a_straggler_cost_that_grows_with_workers() -> None:
+    noisy = dataclasses.replace(
+        PROFILE,
+        steps=dataclasses.replace(
+            PROFILE.steps, step=Spread(0.18, 0.18, 0.18 + 1.2816 * 0.018, 50)
+        ),
+    )
+    model = PerformanceModel(SPECS, Calibration(PhysicsConstants(gamma=10.0)))
+    cands = CandidateArrays.from_clusters([one_group(1, 1), one_group(1, 4), one_group(16, 4)])
+    quiet, loud = model.predict_batch(PROFILE, cands), model.predict_batch(noisy, cands)
+    assert loud.step_s[0] == pytest.approx(quiet.step_s[0])
+    pred = model.predict(noisy, one_group(1, 4))
+    assert pred.compute_s == pytest.approx(0.18 * (1 + 0.1 * np.sqrt(2 * np.log(4))))
+    gain = loud.step_s / quiet.step_s
+    assert 1.0 < gain[1] < gain[2]
+
+
+def test_core_model_imports_without_torch_sky_or_scikit_learn() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'sky', 'sklearn', 'scipy', 'lightning'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import lightning_srifty.core.perfmodel, lightning_srifty.core.stateff\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

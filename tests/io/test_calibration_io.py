@@ -1,0 +1,123 @@
+"""Calibration: planted constants come back, trees export exactly, no leakage."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_srifty.core.calibration import Calibration
+from lightning_srifty.core.errors import CalibrationError
+from lightning_srifty.io.calibration_io import (
+    _export_gbr,
+    calibrate,
+    cross_validate,
+    fit_group,
+    load_calibration,
+    save_calibration,
+    split_rows,
+)
+from lightning_srifty.io.traces import TraceSet, load_traces
+from tests.io.test_traces import PLANTED, write_synthetic_traces
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
+    return load_traces(write_synthetic_traces(tmp_path_factory.mktemp("traces"), noise=0.02))
+
+
+@pytest.fixture(scope="module")
+def fitted(synthetic: TraceSet) -> Calibration:
+    groups = [
+        fit_group(synthetic, m, [r for r in rows if r.replicas > 1])
+        for m, rows in synthetic.rows.items()
+    ]
+    return calibrate(groups, hardware="synthetic")
+
+
+def test_planted_hardware_constants_are_recovered(fitted: Calibration) -> None:
+    phys = fitted.physics
+    assert phys.inter_bw_efficiency * 50 / 8 == pytest.approx(PLANTED["inter_gbytes_s"], rel=0.1)
+    assert phys.intra_bw_efficiency * 15.75 == pytest.approx(PLANTED["intra_gbytes_s"], rel=0.15)
+    assert phys.gamma == pytest.approx(PLANTED["gamma"], rel=0.15)
+    assert fitted.metrics["physics_median_ape"] < 0.03
+    assert fitted.correction is not None and fitted.rows > 100
+
+
+def test_calibration_round_trips_through_json(fitted: Calibration, tmp_path: Path) -> None:
+    path = save_calibration(fitted, tmp_path / "cal.json")
+    assert load_calibration(path) == fitted
+    assert json.loads(path.read_text())["schema_version"] == 1
+
+
+def test_newer_schema_and_bad_fields_are_rejected(fitted: Calibration, tmp_path: Path) -> None:
+    doc = fitted.to_dict()
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc | {"schema_version": 99}))
+    with pytest.raises(CalibrationError, match="upgrade lightning-srifty"):
+        load_calibration(path)
+    path.write_text(json.dumps(doc | {"physics": doc["physics"] | {"gamma": 20.0}}))
+    with pytest.raises(CalibrationError, match=r"cal\.json.*physics\.gamma"):
+        load_calibration(path)
+    corr = doc["correction"] | {"feature_names": ["x"]}
+    path.write_text(json.dumps(doc | {"correction": corr}))
+    with pytest.raises(CalibrationError, match="feature_names"):
+        load_calibration(path)
+
+
+def test_exported_trees_predict_exactly_like_scikit_learn() -> None:
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 4))
+    y = np.sin(x[:, 0]) + 0.3 * x[:, 1] * x[:, 2]
+    for loss, extra in (("squared_error", {}), ("quantile", {"alpha": 0.9})):
+        gbr = GradientBoostingRegressor(loss=loss, n_estimators=30, max_depth=3, **extra)
+        gbr.fit(x, y)
+        exported = _export_gbr(gbr, x)
+        probe = rng.normal(size=(200, 4))
+        assert exported.predict(probe) == pytest.approx(gbr.predict(probe), abs=1e-10)
+
+
+def _scaled(traces: TraceSet, model: str, keep: object, factor: float) -> TraceSet:
+    rows = dict(traces.rows)
+    rows[model] = tuple(
+        dataclasses.replace(r, step_time=r.step_time * factor, sync_time=r.sync_time * factor)
+        if keep(r)  # type: ignore[operator]
+        else r
+        for r in traces.rows[model]
+    )
+    return dataclasses.replace(traces, rows=rows)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "held"),
+    [("lomo", lambda r: r.replicas > 1), ("scale-out", lambda r: r.nodes > 1)],
+)
+def test_held_out_rows_never_reach_the_fit(
+    synthetic: TraceSet, protocol: str, held: object
+) -> None:
+    base = cross_validate(synthetic, protocol, models=["beta"])[0]
+    perturbed = cross_validate(_scaled(synthetic, "beta", held, 3.0), protocol, models=["beta"])[0]
+    assert perturbed.predicted_s.tolist() == base.predicted_s.tolist()
+    assert perturbed.high_s.tolist() == base.high_s.tolist()
+    # ...while the held-out truth did change, and training rows do matter:
+    assert float(np.median(perturbed.ape)) > 0.5
+    trained = cross_validate(_scaled(synthetic, "alpha", held, 3.0), protocol, models=["beta"])[0]
+    assert trained.predicted_s.tolist() != base.predicted_s.tolist()
+
+
+def test_split_rows_are_disjoint(synthetic: TraceSet) -> None:
+    for protocol in ("lomo", "scale-out"):
+        fit, target = split_rows(synthetic, "gamma", protocol)
+        fit_models = {g.model for g in fit}
+        assert ("gamma" in fit_models) == (protocol == "scale-out")
+        if protocol == "scale-out":
+            own = next(g for g in fit if g.model == "gamma")
+            assert set(own.candidates.nodes.sum(axis=1).tolist()) == {1}
+            assert all(r.nodes > 1 for r in target)
+    with pytest.raises(CalibrationError, match="--protocol"):
+        split_rows(synthetic, "gamma", "random")

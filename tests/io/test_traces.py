@@ -1,0 +1,202 @@
+"""Pollux-format trace folders: the real data, and every kind of bad input.
+
+Also home of :func:`write_synthetic_traces`, a small trace folder whose step times
+follow planted hardware constants (an independent re-statement of the textbook
+formulas), so calibration tests can check the constants come back.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_srifty.core.errors import TraceError
+from lightning_srifty.io.traces import (
+    coarse_profile,
+    load_traces,
+    placement_cluster,
+    read_measurements,
+    spread_replicas,
+)
+
+PLANTED = {"inter_gbytes_s": 0.75, "intra_gbytes_s": 4.0, "gamma": 2.0, "overhead_s": 0.004}
+SYNTHETIC_MODELS = {
+    "alpha": (20_000_000, 0.02, 0.004),
+    "beta": (60_000_000, 0.05, 0.010),
+    "gamma": (5_000_000, 0.004, 0.0004),
+    "delta": (30_000_000, 0.03, 0.002),
+}
+SYNTHETIC_PLACEMENTS = ("1", "2", "4", "11", "22", "44", "111", "1111", "2222", "4444", "12", "24")
+SYNTHETIC_BATCHES = (4, 8, 16, 32)
+
+
+def planted_step(params: int, alpha: float, beta: float, placement: str, b: int) -> float:
+    """Step time from the planted constants: compute, ring all-reduce, Pollux overlap."""
+    compute = alpha + beta * b
+    gpus = [int(c) for c in placement]
+    p, n, g = sum(gpus), len(gpus), max(gpus)
+    if p == 1:
+        return compute
+    size = params * 4.0
+    intra_bw, inter_bw = PLANTED["intra_gbytes_s"] * 1e9, PLANTED["inter_gbytes_s"] * 1e9
+    if n == 1:
+        comm = 2 * (p - 1) / p * size / intra_bw
+    else:
+        flat = 2 * (p - 1) / p * size / min(intra_bw, inter_bw)
+        hier = (2 * (g - 1) / g * size / intra_bw if g > 1 else 0.0) + 2 * (
+            n - 1
+        ) / n * size / inter_bw
+        comm = min(flat, hier)
+    gamma = PLANTED["gamma"]
+    return (compute**gamma + comm**gamma) ** (1 / gamma) + PLANTED["overhead_s"]
+
+
+def write_synthetic_traces(root: Path, noise: float = 0.0, seed: int = 0) -> Path:
+    """Writes a Pollux-format folder (4 models) following :func:`planted_step`."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    hardware = {
+        "g4dn.12xlarge": {
+            "gpu": "T4",
+            "gpu_memory_gib": 16,
+            "gpus_per_node": 4,
+            "intra_node_link": "PCIe",
+            "inter_node_gbps": 50,
+            "nodes": 4,
+        }
+    }
+    (root / "hardware.json").write_text(json.dumps(hardware))
+    models = {
+        name: {"params": spec[0], "grad_dtype": "fp32"} for name, spec in SYNTHETIC_MODELS.items()
+    }
+    (root / "models.json").write_text(json.dumps(models))
+    for name, (params, alpha, beta) in SYNTHETIC_MODELS.items():
+        (root / name).mkdir(exist_ok=True)
+        with open(root / name / "placements.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["placement", "local_bsz", "step_time", "sync_time"])
+            for placement in SYNTHETIC_PLACEMENTS:
+                for b in SYNTHETIC_BATCHES:
+                    step = planted_step(params, alpha, beta, placement, b)
+                    step *= math.exp(noise * rng.standard_normal())
+                    sync = 0.001 if placement == "1" else max(step - (alpha + beta * b), 0.0)
+                    w.writerow([placement, b, step, min(sync, step)])
+    return root
+
+
+# ---------------------------------------------------------------- real data
+
+
+def test_real_traces_load_with_every_row(shared_data: Path) -> None:
+    folder = shared_data / "pollux-traces"
+    traces = load_traces(folder)
+    assert set(traces.rows) == {"bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3"}
+    for model, rows in traces.rows.items():
+        lines = sum(
+            sum(1 for _ in open(folder / model / f)) - 1
+            for f in ("placements.csv", "scalability.csv")
+        )
+        assert len(rows) == lines
+    assert traces.hardware.gpu == "T4" and traces.hardware.inter_node_gbps == 50
+
+
+def test_scalability_rows_spread_replicas_evenly(shared_data: Path) -> None:
+    traces = load_traces(shared_data / "pollux-traces", models=["cifar10"])
+    spread = [r for r in traces.rows["cifar10"] if r.nodes == 16 and r.replicas == 20]
+    assert spread and spread[0].placement == (2,) * 4 + (1,) * 12
+    assert spread_replicas(64, 16) == (4,) * 16
+
+
+def test_coarse_profile_uses_only_single_gpu_rows(shared_data: Path) -> None:
+    traces = load_traces(shared_data / "pollux-traces", models=["bert"])
+    single = traces.single_gpu_rows("bert")
+    profile = coarse_profile(traces.models["bert"], single, traces.hardware)
+    assert profile.grad_bytes == 108_893_186 * 4
+    assert [p.local_batch_size for p in profile.batch_points] == [4, 6, 8, 11, 12]
+    first = next(r for r in single if r.local_bsz == 4)
+    assert profile.batch_points[0].compute_s == pytest.approx(first.step_time - first.sync_time)
+
+
+def test_step_time_is_compute_plus_sync_in_the_data(shared_data: Path) -> None:
+    """The reading documented in io/traces.py: multi-GPU step ~ one-GPU compute + sync."""
+    traces = load_traces(shared_data / "pollux-traces")
+    errors = []
+    for model, rows in traces.rows.items():
+        single = {r.local_bsz: r.step_time - r.sync_time for r in traces.single_gpu_rows(model)}
+        for r in rows:
+            if r.replicas > 1 and r.local_bsz in single:
+                errors.append(abs(single[r.local_bsz] + r.sync_time - r.step_time) / r.step_time)
+    assert len(errors) > 5000
+    assert float(np.median(errors)) < 0.10
+
+
+def test_placement_cluster_groups_nodes_by_gpu_count(shared_data: Path) -> None:
+    traces = load_traces(shared_data / "pollux-traces", models=["ncf"])
+    cluster = placement_cluster((4, 4, 1), traces.hardware)
+    assert [(g.nodes, g.gpus_per_node) for g in cluster.groups] == [(1, 1), (2, 4)]
+    assert cluster.world_size == 9
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _csv(path: Path, header: str, *rows: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_missing_column_names_the_column_and_the_file(tmp_path: Path) -> None:
+    path = _csv(
+        tmp_path / "m" / "placements.csv", "placement,local_bsz,step_s,sync_time", "1,4,0.1,0.001"
+    )
+    with pytest.raises(TraceError, match=r"placements\.csv.*missing column 'step_time'"):
+        read_measurements(path, "m")
+
+
+@pytest.mark.parametrize("bad", ["nan", "-0.1", "0", "abc"])
+def test_bad_times_are_rejected_with_their_row_number(tmp_path: Path, bad: str) -> None:
+    path = _csv(
+        tmp_path / "m" / "placements.csv",
+        "placement,local_bsz,step_time,sync_time",
+        "1,4,0.1,0.001",
+        f"11,4,{bad},0.001",
+    )
+    with pytest.raises(TraceError, match="row 2"):
+        read_measurements(path, "m")
+
+
+def test_bad_placement_is_rejected(tmp_path: Path) -> None:
+    path = _csv(
+        tmp_path / "m" / "placements.csv",
+        "placement,local_bsz,step_time,sync_time",
+        "1x,4,0.1,0.001",
+    )
+    with pytest.raises(TraceError, match="row 1: placement"):
+        read_measurements(path, "m")
+
+
+def test_model_missing_from_models_json_is_named(tmp_path: Path) -> None:
+    root = write_synthetic_traces(tmp_path / "t")
+    (root / "models.json").write_text(json.dumps({"alpha": {"params": 10}}))
+    with pytest.raises(TraceError, match="model 'beta' has no entry"):
+        load_traces(root)
+
+
+def test_missing_hardware_field_is_named(tmp_path: Path) -> None:
+    root = write_synthetic_traces(tmp_path / "t")
+    (root / "hardware.json").write_text(json.dumps({"g4dn.12xlarge": {"gpu": "T4"}}))
+    with pytest.raises(TraceError, match=r"hardware\.json.*g4dn\.12xlarge\.gpu_memory_gib"):
+        load_traces(root)
+
+
+def test_missing_hardware_file_is_named(tmp_path: Path) -> None:
+    root = write_synthetic_traces(tmp_path / "t")
+    (root / "hardware.json").unlink()
+    with pytest.raises(TraceError, match=r"hardware\.json.*file not found"):
+        load_traces(root)

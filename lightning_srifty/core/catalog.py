@@ -7,7 +7,13 @@ lives in :mod:`lightning_srifty.io.catalog_io`; this module never touches files.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_srifty.core.errors import CatalogError
 
 INTRA_NODE_LINKS = ("NVLink", "PCIe", "none")
 
@@ -51,12 +57,16 @@ class Offer:
     """Published network bandwidth of the instance type."""
     interruption_band: int | None = None
     """AWS Spot Advisor band 0..4 (<5%, 5-10%, 10-15%, 15-20%, >20% per month)."""
+    accelerator_fraction: float = 1.0
+    """Share of one accelerator below 1 for fractional-GPU types (g6f: 1/8 of an L4)."""
 
     @property
     def family(self) -> str:
+        """Instance family, the part before the dot (``g4dn`` of ``g4dn.12xlarge``)."""
         return self.instance_type.split(".", 1)[0]
 
     def price(self, use_spot: bool) -> float | None:
+        """$/h at spot or on-demand pricing; ``None`` where that market is absent."""
         return self.spot_price if use_spot else self.ondemand_price
 
 
@@ -70,3 +80,333 @@ def band_hourly_rate(band: int | None, default_band: int = 2) -> float:
     """Expected interruptions per instance-hour implied by a Spot Advisor band."""
     b = default_band if band is None else min(max(int(band), 0), 4)
     return BAND_MONTHLY_INTERRUPTION[b] / HOURS_PER_MONTH
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """Published network facts of one instance type (source named per row)."""
+
+    instance_type: str
+    gbps: float
+    """Baseline network bandwidth in Gbit/s (what a long all-reduce can count on)."""
+    burst: bool
+    """``True`` where AWS documents the type as "up to" its peak (network I/O credits)."""
+    intra_node_link: str
+    """``"NVLink"``, ``"PCIe"`` or ``"none"``."""
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class CatalogArrays:
+    """Column view of a catalog, one entry per offer, for vectorised evaluation.
+
+    Categorical columns are integer codes into the matching name tuple so that a planner
+    can mask and group millions of (offer, nodes) candidates without touching Python
+    objects. Missing prices are ``nan``; a missing interruption band is ``-1``.
+    """
+
+    type_index: np.ndarray
+    """int32, index into :attr:`Catalog.type_names`."""
+    accelerator_index: np.ndarray
+    """int32, index into :attr:`Catalog.accelerator_names`."""
+    accelerator_count: np.ndarray
+    """float64: fractional GPUs (g6f) exist."""
+    gpu_memory_gib: np.ndarray
+    vcpus: np.ndarray
+    memory_gib: np.ndarray
+    ondemand_price: np.ndarray
+    spot_price: np.ndarray
+    region_index: np.ndarray
+    """int32, index into :attr:`Catalog.region_names`."""
+    zone_index: np.ndarray
+    """int32, index into :attr:`Catalog.zone_names`."""
+    link_index: np.ndarray
+    """int8, index into :data:`INTRA_NODE_LINKS`."""
+    network_gbps: np.ndarray
+    interruption_band: np.ndarray
+    """int8, Spot Advisor band or -1 where unknown."""
+    trainable: np.ndarray
+    """bool: the accelerator is a CUDA GPU with a spec row that can train here."""
+
+
+def _codes(values: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """Sorted distinct names and each value's index into them."""
+    names = tuple(sorted(set(values)))
+    lookup = {name: i for i, name in enumerate(names)}
+    return names, np.fromiter((lookup[v] for v in values), dtype=np.int32, count=len(values))
+
+
+def _price_column(prices: Iterable[float | None]) -> np.ndarray:
+    return np.array([np.nan if p is None else p for p in prices], dtype=np.float64)
+
+
+class Catalog:
+    """An immutable table of offers with queries the planner and CLI need.
+
+    Args:
+        offers: one :class:`Offer` per (instance type, zone); order is kept.
+        source: where the offers came from, for display (e.g. ``"bundled snapshot"``).
+        trainable_accelerators: accelerator names that are CUDA GPUs this tool can train
+            on (those with a trainable GPU spec row); offers of any other accelerator stay
+            in the catalog but are excluded by :meth:`gpu_offers`.
+    """
+
+    def __init__(
+        self,
+        offers: Sequence[Offer],
+        source: str,
+        trainable_accelerators: Iterable[str] = (),
+    ) -> None:
+        self.offers: tuple[Offer, ...] = tuple(offers)
+        self.source = source
+        self.trainable_accelerators: frozenset[str] = frozenset(trainable_accelerators)
+        self._by_type: dict[str, list[Offer]] = {}
+        for offer in self.offers:
+            self._by_type.setdefault(offer.instance_type, []).append(offer)
+        self._arrays: CatalogArrays | None = None
+
+    def __len__(self) -> int:
+        return len(self.offers)
+
+    def __repr__(self) -> str:
+        return (
+            f"Catalog({len(self.offers)} offers, {len(self._by_type)} types, "
+            f"source={self.source!r})"
+        )
+
+    # --- lookups ---------------------------------------------------------------------
+
+    def types(self) -> tuple[str, ...]:
+        """Instance type names, sorted."""
+        return tuple(sorted(self._by_type))
+
+    def regions(self) -> tuple[str, ...]:
+        """Region names, sorted."""
+        return tuple(sorted({o.region for o in self.offers}))
+
+    def is_trainable(self, offer: Offer) -> bool:
+        """Whether the offer has whole CUDA GPUs with a trainable spec row.
+
+        Inferentia, Trainium, Gaudi, AI100, Radeon and arm64 T4g hosts have no trainable
+        row; fractional GPUs (g6f, gr6f) are excluded because the peak figures of a
+        whole GPU would overstate them.
+        """
+        return offer.accelerator in self.trainable_accelerators and (
+            offer.accelerator_fraction >= 1.0
+        )
+
+    def gpu_offers(self) -> tuple[Offer, ...]:
+        """Offers the planner may use: CUDA GPUs with a spec row (no Inferentia, ...)."""
+        return tuple(o for o in self.offers if self.is_trainable(o))
+
+    def offers_of(self, instance_type: str) -> tuple[Offer, ...]:
+        """Every zone's offer of one type; unknown types raise with close matches."""
+        self._require_type(instance_type)
+        return tuple(self._by_type[instance_type])
+
+    def offer(
+        self, instance_type: str, region: str | None = None, zone: str | None = None
+    ) -> Offer:
+        """One offer of a type, optionally pinned to a region and/or zone.
+
+        With several matches, the zone with the lowest on-demand price wins (then the
+        zone name), so the answer is stable whichever order the catalog file had.
+
+        Raises:
+            CatalogError: the type is unknown (the message lists close matches), or it
+                is not offered in the region/zone asked for (the message lists where it is).
+        """
+        matches = [
+            o
+            for o in self.offers_of(instance_type)
+            if (region is None or o.region == region) and (zone is None or o.zone == zone)
+        ]
+        if not matches:
+            where = sorted({o.region for o in self._by_type[instance_type]})
+            asked = ", ".join(
+                f"{k} '{v}'" for k, v in (("region", region), ("zone", zone)) if v is not None
+            )
+            raise CatalogError(
+                f"instance type '{instance_type}' is not offered in {asked}; "
+                f"it is offered in {', '.join(where)}"
+            )
+        return min(matches, key=_ondemand_then_zone)
+
+    def _require_type(self, instance_type: str) -> None:
+        if instance_type in self._by_type:
+            return
+        close = difflib.get_close_matches(instance_type, list(self._by_type), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise CatalogError(
+            f"unknown instance type '{instance_type}'{hint} "
+            f"({len(self._by_type)} types in the catalog from {self.source})"
+        )
+
+    # --- filters ---------------------------------------------------------------------
+
+    def filter(
+        self,
+        *,
+        regions: Iterable[str] | None = None,
+        exclude_regions: Iterable[str] = (),
+        families: Iterable[str] | None = None,
+        exclude_families: Iterable[str] = (),
+        instance_types: Iterable[str] | None = None,
+    ) -> Catalog:
+        """A new catalog keeping only the allowed regions/families/types.
+
+        ``None`` allows everything; the ``exclude_*`` lists win over the allow lists.
+        Names given that the catalog does not know raise :class:`CatalogError`, so a
+        typo in a flag does not silently empty the plan.
+        """
+        allowed_regions = self._checked(regions, self.regions(), "region")
+        denied_regions = self._checked(exclude_regions, self.regions(), "region")
+        known_families = tuple(sorted({o.family for o in self.offers}))
+        allowed_families = self._checked(families, known_families, "instance family")
+        denied_families = self._checked(exclude_families, known_families, "instance family")
+        allowed_types: frozenset[str] | None = None
+        if instance_types is not None:
+            allowed_types = frozenset(instance_types)
+            for name in allowed_types:
+                self._require_type(name)
+        kept = [
+            o
+            for o in self.offers
+            if (allowed_regions is None or o.region in allowed_regions)
+            and o.region not in (denied_regions or ())
+            and (allowed_families is None or o.family in allowed_families)
+            and o.family not in (denied_families or ())
+            and (allowed_types is None or o.instance_type in allowed_types)
+        ]
+        return Catalog(kept, self.source, self.trainable_accelerators)
+
+    @staticmethod
+    def _checked(
+        names: Iterable[str] | None, known: Sequence[str], what: str
+    ) -> frozenset[str] | None:
+        if names is None:
+            return None
+        chosen = frozenset(names)
+        for name in sorted(chosen):
+            if name not in known:
+                close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+                hint = (
+                    f"did you mean {', '.join(close)}?" if close else "valid: " + ", ".join(known)
+                )
+                raise CatalogError(f"unknown {what} '{name}'; {hint}")
+        return chosen
+
+    def cheapest_zones(self, use_spot: bool) -> dict[tuple[str, str], Offer]:
+        """The cheapest zone of each (instance type, region) at the given pricing.
+
+        Zones without a price at that pricing (no spot market, p5e on demand) are
+        skipped; ties go to the lexically first zone so the result is deterministic.
+        """
+        best: dict[tuple[str, str], Offer] = {}
+        for offer in self.offers:
+            price = offer.price(use_spot)
+            if price is None:
+                continue
+            key = (offer.instance_type, offer.region)
+            held = best.get(key)
+            if held is None or (price, offer.zone) < (_price_or_inf(held, use_spot), held.zone):
+                best[key] = offer
+        return best
+
+    # --- columns ---------------------------------------------------------------------
+
+    @property
+    def type_names(self) -> tuple[str, ...]:
+        return self.types()
+
+    @property
+    def region_names(self) -> tuple[str, ...]:
+        return self.regions()
+
+    @property
+    def zone_names(self) -> tuple[str, ...]:
+        return tuple(sorted({o.zone for o in self.offers}))
+
+    @property
+    def accelerator_names(self) -> tuple[str, ...]:
+        return tuple(sorted({o.accelerator for o in self.offers}))
+
+    @property
+    def arrays(self) -> CatalogArrays:
+        """Column arrays (built once, on first use; read-only)."""
+        if self._arrays is None:
+            self._arrays = self._build_arrays()
+        return self._arrays
+
+    def _build_arrays(self) -> CatalogArrays:
+        offers = self.offers
+        _, type_index = _codes([o.instance_type for o in offers])
+        _, accelerator_index = _codes([o.accelerator for o in offers])
+        _, region_index = _codes([o.region for o in offers])
+        _, zone_index = _codes([o.zone for o in offers])
+        link_lookup = {name: i for i, name in enumerate(INTRA_NODE_LINKS)}
+        columns = CatalogArrays(
+            type_index=type_index,
+            accelerator_index=accelerator_index,
+            accelerator_count=np.array([o.accelerator_count for o in offers], dtype=np.float64),
+            gpu_memory_gib=np.array([o.gpu_memory_gib for o in offers], dtype=np.float64),
+            vcpus=np.array([o.vcpus for o in offers], dtype=np.float64),
+            memory_gib=np.array([o.memory_gib for o in offers], dtype=np.float64),
+            ondemand_price=_price_column(o.ondemand_price for o in offers),
+            spot_price=_price_column(o.spot_price for o in offers),
+            region_index=region_index,
+            zone_index=zone_index,
+            link_index=np.array([link_lookup[o.intra_node_link] for o in offers], dtype=np.int8),
+            network_gbps=np.array([o.network_gbps for o in offers], dtype=np.float64),
+            interruption_band=np.array(
+                [-1 if o.interruption_band is None else o.interruption_band for o in offers],
+                dtype=np.int8,
+            ),
+            trainable=np.array([self.is_trainable(o) for o in offers], dtype=bool),
+        )
+        for column in vars(columns).values():
+            column.setflags(write=False)
+        return columns
+
+
+def _price_or_inf(offer: Offer, use_spot: bool) -> float:
+    price = offer.price(use_spot)
+    return float("inf") if price is None else price
+
+
+def _ondemand_then_zone(offer: Offer) -> tuple[float, str]:
+    return (_price_or_inf(offer, use_spot=False), offer.zone)
+
+
+PRECISIONS = ("fp32", "fp16")
+
+
+def peak_tflops(spec: GpuSpec, precision: str) -> float:
+    """Peak matmul rate a framework sees at a precision.
+
+    ``"fp32"`` uses the TF32 tensor-core rate (PyTorch's default for convolutions on
+    Ampere and later; equal to plain FP32 on Volta/Turing, whose rows say so), ``"fp16"``
+    the dense FP16 tensor-core rate.
+    """
+    if precision == "fp32":
+        return spec.tf32_tflops
+    if precision == "fp16":
+        return spec.fp16_tflops
+    raise ValueError(f"precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+
+
+def predicted_speed_ratio(
+    fast: GpuSpec, slow: GpuSpec, precision: str, compute_share: float = 0.5
+) -> float:
+    """Throughput of ``fast`` over ``slow`` predicted from published peaks alone.
+
+    A roofline blend: a training step is partly compute-bound and partly memory-bound,
+    so the speed ratio is the geometric blend of the peak-FLOP/s ratio and the
+    memory-bandwidth ratio, weighted by ``compute_share`` (1 = purely compute-bound).
+    The weight is a modelling assumption, not fitted to any measurement.
+    """
+    if not 0.0 <= compute_share <= 1.0:
+        raise ValueError(f"compute_share {compute_share} is outside 0..1")
+    flops_ratio = peak_tflops(fast, precision) / peak_tflops(slow, precision)
+    bandwidth_ratio = fast.mem_bw_gbps / slow.mem_bw_gbps
+    return float(flops_ratio**compute_share * bandwidth_ratio ** (1.0 - compute_share))

@@ -1,0 +1,167 @@
+"""Pure catalog queries over hand-built offers (no files)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lightning_srifty.core.catalog import (
+    Catalog,
+    GpuSpec,
+    Offer,
+    peak_tflops,
+    predicted_speed_ratio,
+)
+from lightning_srifty.core.errors import CatalogError
+
+
+def _offer(
+    instance_type: str = "g4dn.12xlarge",
+    region: str = "us-east-1",
+    zone: str = "use1-az1",
+    ondemand: float | None = 3.9,
+    spot: float | None = 1.2,
+    accelerator: str = "T4",
+    band: int | None = 2,
+    fraction: float = 1.0,
+) -> Offer:
+    return Offer(
+        instance_type=instance_type,
+        accelerator=accelerator,
+        accelerator_count=4,
+        gpu_memory_gib=16.0,
+        vcpus=48.0,
+        memory_gib=192.0,
+        region=region,
+        zone=zone,
+        ondemand_price=ondemand,
+        spot_price=spot,
+        intra_node_link="PCIe",
+        network_gbps=50.0,
+        interruption_band=band,
+        accelerator_fraction=fraction,
+    )
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return Catalog(
+        [
+            _offer(zone="use1-az2", ondemand=3.9, spot=1.5),
+            _offer(zone="use1-az1", ondemand=3.9, spot=1.1),
+            _offer(region="us-west-2", zone="usw2-az1", ondemand=3.5, spot=None, band=None),
+            _offer("g4dn.2xlarge", zone="use1-az1", ondemand=0.75, spot=0.3),
+            _offer("p5e.48xlarge", zone="use1-az3", ondemand=None, spot=30.0, accelerator="H200"),
+            _offer("inf2.xlarge", zone="use1-az1", accelerator="Inferentia2"),
+            _offer("g6f.large", zone="use1-az1", accelerator="L4", fraction=0.125),
+        ],
+        source="test",
+        trainable_accelerators={"T4", "H200", "L4"},
+    )
+
+
+def test_unknown_type_lists_close_matches(catalog: Catalog) -> None:
+    with pytest.raises(CatalogError) as info:
+        catalog.offer("g4dn.12xlarg")
+    message = str(info.value)
+    assert "unknown instance type 'g4dn.12xlarg'" in message
+    assert "did you mean g4dn.12xlarge, g4dn.2xlarge" in message
+
+
+def test_offer_prefers_cheapest_on_demand_then_zone_name(catalog: Catalog) -> None:
+    assert catalog.offer("g4dn.12xlarge").region == "us-west-2"
+    in_east = catalog.offer("g4dn.12xlarge", region="us-east-1")
+    assert in_east.zone == "use1-az1"
+    assert catalog.offer("g4dn.12xlarge", zone="use1-az2").spot_price == 1.5
+
+
+def test_offer_in_region_without_it_says_where_it_is(catalog: Catalog) -> None:
+    with pytest.raises(CatalogError, match="not offered in region 'eu-west-1'.*us-east-1"):
+        catalog.offer("g4dn.2xlarge", region="eu-west-1")
+
+
+def test_types_and_regions_are_sorted_and_distinct(catalog: Catalog) -> None:
+    assert catalog.types() == (
+        "g4dn.12xlarge",
+        "g4dn.2xlarge",
+        "g6f.large",
+        "inf2.xlarge",
+        "p5e.48xlarge",
+    )
+    assert catalog.regions() == ("us-east-1", "us-west-2")
+
+
+def test_cheapest_zone_per_type_region_skips_missing_prices(catalog: Catalog) -> None:
+    spot = catalog.cheapest_zones(use_spot=True)
+    assert spot[("g4dn.12xlarge", "us-east-1")].zone == "use1-az1"
+    assert ("g4dn.12xlarge", "us-west-2") not in spot  # no spot market there
+    ondemand = catalog.cheapest_zones(use_spot=False)
+    assert ("p5e.48xlarge", "us-east-1") not in ondemand  # no on-demand price
+    assert ondemand[("g4dn.12xlarge", "us-west-2")].ondemand_price == 3.5
+
+
+def test_gpu_offers_exclude_non_cuda_and_fractional(catalog: Catalog) -> None:
+    kept = {o.instance_type for o in catalog.gpu_offers()}
+    assert kept == {"g4dn.12xlarge", "g4dn.2xlarge", "p5e.48xlarge"}
+
+
+def test_filter_by_regions_and_families(catalog: Catalog) -> None:
+    west = catalog.filter(regions=["us-west-2"])
+    assert {o.region for o in west.offers} == {"us-west-2"}
+    no_g4dn = catalog.filter(exclude_families=["g4dn"])
+    assert "g4dn" not in {o.family for o in no_g4dn.offers}
+    only = catalog.filter(families=["g4dn"], exclude_regions=["us-west-2"])
+    assert len(only) == 3
+    assert catalog.filter(instance_types=["inf2.xlarge"]).types() == ("inf2.xlarge",)
+
+
+def test_filter_rejects_unknown_names(catalog: Catalog) -> None:
+    with pytest.raises(CatalogError, match="unknown region 'us-east-9'; did you mean"):
+        catalog.filter(regions=["us-east-9"])
+    with pytest.raises(CatalogError, match="unknown instance family 'g5'"):
+        catalog.filter(families=["g5"])
+    with pytest.raises(CatalogError, match="unknown instance type"):
+        catalog.filter(instance_types=["g4dn.13xlarge"])
+
+
+def test_arrays_match_offers_row_by_row(catalog: Catalog) -> None:
+    columns = catalog.arrays
+    for i, offer in enumerate(catalog.offers):
+        assert catalog.type_names[columns.type_index[i]] == offer.instance_type
+        assert catalog.region_names[columns.region_index[i]] == offer.region
+        assert catalog.zone_names[columns.zone_index[i]] == offer.zone
+        assert catalog.accelerator_names[columns.accelerator_index[i]] == offer.accelerator
+        expected_band = -1 if offer.interruption_band is None else offer.interruption_band
+        assert columns.interruption_band[i] == expected_band
+        assert bool(columns.trainable[i]) == catalog.is_trainable(offer)
+    assert math.isnan(columns.ondemand_price[4]) and columns.spot_price[4] == 30.0
+    assert math.isnan(columns.spot_price[2])
+    with pytest.raises(ValueError):
+        columns.spot_price[0] = 0.0
+
+
+def test_arrays_support_vectorised_cheapest_price(catalog: Catalog) -> None:
+    columns = catalog.arrays
+    t4 = columns.accelerator_index == catalog.accelerator_names.index("T4")
+    assert np.nanmin(np.where(t4, columns.spot_price, np.nan)) == 0.3
+
+
+_A = GpuSpec("A", fp32_tflops=10, tf32_tflops=20, fp16_tflops=80, mem_bw_gbps=400, memory_gib=16)
+_B = GpuSpec("B", fp32_tflops=5, tf32_tflops=5, fp16_tflops=20, mem_bw_gbps=200, memory_gib=16)
+
+
+def test_speed_ratio_ends_are_flops_and_bandwidth_ratios() -> None:
+    assert predicted_speed_ratio(_A, _B, "fp16", compute_share=1.0) == pytest.approx(4.0)
+    assert predicted_speed_ratio(_A, _B, "fp32", compute_share=1.0) == pytest.approx(4.0)
+    assert predicted_speed_ratio(_A, _B, "fp16", compute_share=0.0) == pytest.approx(2.0)
+    blend = predicted_speed_ratio(_A, _B, "fp16")
+    assert blend == pytest.approx(math.sqrt(8.0))
+    assert predicted_speed_ratio(_B, _A, "fp16") == pytest.approx(1.0 / blend)
+
+
+def test_peak_tflops_rejects_unknown_precision() -> None:
+    assert peak_tflops(_A, "fp32") == 20
+    with pytest.raises(ValueError, match="valid: fp32, fp16"):
+        peak_tflops(_A, "int8")

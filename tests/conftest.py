@@ -12,6 +12,7 @@ SHARED_DATA = Path(os.environ.get("SRIFTY_SHARED_DATA", REPO_ROOT.parent / "shar
 
 os.environ.setdefault("SKYPILOT_DISABLE_LOCAL_API_SERVER", "1")
 os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+os.environ.setdefault("SRIFTY_IMDS", "off")  # never contact 169.254.169.254 from tests
 
 
 @pytest.fixture(scope="session")

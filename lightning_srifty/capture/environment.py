@@ -1,0 +1,122 @@
+"""Where the job runs: accelerator name, instance type and region.
+
+Everything here is best-effort and must never block or fail training: the region comes
+from SkyPilot's ``SKYPILOT_CLUSTER_INFO`` (JSON with ``cloud``, ``region``, ``zone``,
+``cluster_name``) and the instance type from the EC2 instance metadata service (IMDSv2)
+with a short timeout. Set ``SRIFTY_IMDS=off`` to skip the metadata service entirely
+(tests, laptops), so no packet ever goes to 169.254.169.254.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lightning_srifty.core.launch_protocol import ENV_IMDS
+
+IMDS_ENDPOINT = "http://169.254.169.254"
+IMDS_TIMEOUT_S = 0.2
+SKYPILOT_CLUSTER_INFO = "SKYPILOT_CLUSTER_INFO"
+
+# Most specific first: "A100" must not swallow "A100-80GB", "L4" must not swallow "L40S".
+_ACCELERATOR_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("H200", "H200"),
+    ("H100", "H100"),
+    ("A100", "A100"),
+    ("A10G", "A10G"),
+    ("A10", "A10"),
+    ("L40S", "L40S"),
+    ("L4", "L4"),
+    ("V100", "V100"),
+    ("T4", "T4"),
+    ("K80", "K80"),
+)
+_A100_80GB_MIN_BYTES = 60 * 2**30
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Instance type and region where known (``None`` when not)."""
+
+    instance_type: str | None = None
+    region: str | None = None
+
+
+def accelerator_from_device_name(device_name: str, total_memory_bytes: int = 0) -> str:
+    """Maps ``torch.cuda.get_device_name`` output to the catalog's accelerator name.
+
+    The catalog tells an A100 40 GB from an 80 GB one by name, while CUDA reports both
+    as "NVIDIA A100-SXM4-..."; memory size decides. Unknown GPUs keep their own name so
+    the profile stays honest rather than guessing a neighbour.
+    """
+    upper = device_name.upper()
+    if upper == "CPU" or upper.startswith("CPU "):
+        return "cpu"
+    for needle, name in _ACCELERATOR_PATTERNS:
+        if needle in upper:
+            if name == "A100" and ("80GB" in upper or total_memory_bytes >= _A100_80GB_MIN_BYTES):
+                return "A100-80GB"
+            return name
+    return device_name.removeprefix("NVIDIA ").strip() or "unknown"
+
+
+def region_from_skypilot(env: Mapping[str, str]) -> str | None:
+    """Region from ``SKYPILOT_CLUSTER_INFO``; ``None`` when absent or malformed."""
+    raw = env.get(SKYPILOT_CLUSTER_INFO)
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    region = info.get("region") if isinstance(info, dict) else None
+    return region if isinstance(region, str) and region else None
+
+
+def imds_enabled(env: Mapping[str, str]) -> bool:
+    """False when ``SRIFTY_IMDS`` is ``off``/``0``/``false``/``no``."""
+    return env.get(ENV_IMDS, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def query_imds(endpoint: str = IMDS_ENDPOINT, timeout_s: float = IMDS_TIMEOUT_S) -> Placement:
+    """Instance type and region from EC2 IMDSv2 (token PUT, then two GETs).
+
+    Returns an empty :class:`Placement` on any network failure or timeout: not being on
+    EC2 is the normal case and must cost at most ``timeout_s``.
+    """
+    try:
+        token_request = urllib.request.Request(
+            f"{endpoint}/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+        )
+        with urllib.request.urlopen(token_request, timeout=timeout_s) as resp:  # noqa: S310
+            token = resp.read().decode()
+
+        def get(path: str) -> str | None:
+            request = urllib.request.Request(
+                f"{endpoint}/latest/meta-data/{path}",
+                headers={"X-aws-ec2-metadata-token": token},
+            )
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310
+                text: str = resp.read().decode().strip()
+            return text or None
+
+        return Placement(instance_type=get("instance-type"), region=get("placement/region"))
+    except (OSError, urllib.error.URLError, ValueError):
+        return Placement()
+
+
+def detect_placement(
+    env: Mapping[str, str],
+    *,
+    endpoint: str = IMDS_ENDPOINT,
+    timeout_s: float = IMDS_TIMEOUT_S,
+) -> Placement:
+    """Combines SkyPilot's region with the metadata service's instance type."""
+    sky_region = region_from_skypilot(env)
+    imds = query_imds(endpoint, timeout_s) if imds_enabled(env) else Placement()
+    return Placement(instance_type=imds.instance_type, region=sky_region or imds.region)

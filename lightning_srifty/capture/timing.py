@@ -1,0 +1,268 @@
+"""Pure accumulators behind :class:`SriftyCallback`: durations in, profile out.
+
+No torch and no Lightning here, so the arithmetic (means, rank merging, bucket order)
+is testable in isolation and the callback stays a thin adapter that only turns hooks
+into durations. A :class:`RankMeasurement` is plain data, so ranks can exchange it
+with ``all_gather_object`` and rank zero can build one :class:`Profile`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lightning_srifty.core.profile import (
+    BlockTiming,
+    Bucket,
+    Communication,
+    Environment,
+    GradParam,
+    LayerTiming,
+    Memory,
+    Profile,
+    RankSummary,
+    Spread,
+    StepTimes,
+)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Phase durations of one measured step, in seconds."""
+
+    step_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    data_wait_s: float
+    allreduce_s: float = 0.0
+    exposed_comm_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BucketEvent:
+    """One bucket's all-reduce in one step (offsets from the start of backward)."""
+
+    index: int
+    bytes: int
+    num_params: int
+    ready_offset_s: float
+    allreduce_s: float
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """Static facts about a leaf module, known without running it."""
+
+    name: str
+    block: str
+    module_type: str
+    param_count: int
+    param_bytes: int
+
+
+@dataclass
+class LayerAccumulator:
+    """Per-layer forward/backward sums over the measured steps."""
+
+    forward_s: dict[str, float] = field(default_factory=dict)
+    backward_s: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+
+    def add_step(self, forward_s: dict[str, float], backward_s: dict[str, float]) -> None:
+        for name, value in forward_s.items():
+            self.forward_s[name] = self.forward_s.get(name, 0.0) + value
+        for name, value in backward_s.items():
+            self.backward_s[name] = self.backward_s.get(name, 0.0) + value
+        self.steps += 1
+
+    def means(self) -> dict[str, tuple[float, float]]:
+        """Mean (forward_s, backward_s) per step for every layer seen."""
+        n = max(self.steps, 1)
+        names = set(self.forward_s) | set(self.backward_s)
+        return {
+            name: (self.forward_s.get(name, 0.0) / n, self.backward_s.get(name, 0.0) / n)
+            for name in names
+        }
+
+
+@dataclass
+class BucketAccumulator:
+    """Per-bucket ready offset, all-reduce time and ready order over steps.
+
+    Ready order is recomputed per step from the offsets and the most common order wins,
+    because DDP rebuilds buckets after the first iteration and one noisy step should
+    not reorder the summary.
+    """
+
+    events: dict[int, list[BucketEvent]] = field(default_factory=dict)
+    orders: dict[int, list[int]] = field(default_factory=dict)
+
+    def add_step(self, step_events: Sequence[BucketEvent]) -> None:
+        ranked = sorted(step_events, key=lambda e: (e.ready_offset_s, e.index))
+        for order, event in enumerate(ranked):
+            self.events.setdefault(event.index, []).append(event)
+            self.orders.setdefault(event.index, []).append(order)
+
+    def buckets(self) -> tuple[Bucket, ...]:
+        out = []
+        for index, events in self.events.items():
+            orders = self.orders[index]
+            out.append(
+                (
+                    max(set(orders), key=lambda o: (orders.count(o), -o)),
+                    Bucket(
+                        index=index,
+                        bytes=events[-1].bytes,
+                        num_params=events[-1].num_params,
+                        ready_order=0,
+                        ready_offset_s=_mean([e.ready_offset_s for e in events]),
+                        allreduce_s=_mean([e.allreduce_s for e in events]),
+                    ),
+                )
+            )
+        out.sort(key=lambda pair: (pair[0], pair[1].ready_offset_s))
+        return tuple(
+            Bucket(b.index, b.bytes, b.num_params, order, b.ready_offset_s, b.allreduce_s)
+            for order, (_, b) in enumerate(out)
+        )
+
+
+@dataclass(frozen=True)
+class RankMeasurement:
+    """Everything one rank measured in its window; plain data for gathering."""
+
+    rank: int
+    steps: tuple[StepRecord, ...]
+    layers: dict[str, tuple[float, float]]
+    """Mean (forward_s, backward_s) per step, keyed by layer name."""
+    buckets: tuple[Bucket, ...]
+    peak_memory_bytes: int
+
+    def summary(self) -> RankSummary:
+        return RankSummary(
+            rank=self.rank,
+            step_mean_s=_mean([s.step_s for s in self.steps]),
+            forward_s=_mean([s.forward_s for s in self.steps]),
+            backward_s=_mean([s.backward_s for s in self.steps]),
+            allreduce_s=_mean([s.allreduce_s for s in self.steps]),
+            exposed_comm_s=_mean([s.exposed_comm_s for s in self.steps]),
+            peak_memory_bytes=self.peak_memory_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the profile needs besides timings: sizes, FLOPs, memory, environment."""
+
+    model_name: str
+    environment: Environment
+    layers: tuple[LayerInfo, ...]
+    """Leaf modules in forward execution order."""
+    gradients: tuple[GradParam, ...]
+    param_bytes: int
+    """All parameters of the model, trainable or not."""
+    layer_flops: dict[str, float]
+    layer_activation_bytes: dict[str, int]
+    flops_per_step: float
+    optimizer_state_bytes: int
+    peak_kind: str
+    warmup_steps: int
+    comm_backend: str | None
+    """``None`` when not distributed (no :class:`Communication` record)."""
+    created_at: str = ""
+
+
+def build_profile(measurements: Sequence[RankMeasurement], facts: ModelFacts) -> Profile:
+    """Merges every rank's window into one detailed profile.
+
+    Layer and phase times are averaged over ranks (they run the same model on equal
+    shards); the step spread pools every rank's samples so a straggler widens p90.
+    Buckets come from rank zero, whose layout all ranks share by construction of DDP.
+    """
+    if not measurements:
+        raise ValueError("build_profile needs at least one rank's measurement")
+    ordered = sorted(measurements, key=lambda m: m.rank)
+    all_steps = [s for m in ordered for s in m.steps]
+    layer_means = {
+        info.name: (
+            _mean([m.layers.get(info.name, (0.0, 0.0))[0] for m in ordered]),
+            _mean([m.layers.get(info.name, (0.0, 0.0))[1] for m in ordered]),
+        )
+        for info in facts.layers
+    }
+    layers = tuple(
+        LayerTiming(
+            name=info.name,
+            block=info.block,
+            module_type=info.module_type,
+            forward_s=layer_means[info.name][0],
+            backward_s=layer_means[info.name][1],
+            param_count=info.param_count,
+            param_bytes=info.param_bytes,
+            flops=facts.layer_flops.get(info.name, 0.0),
+            activation_bytes=facts.layer_activation_bytes.get(info.name, 0),
+        )
+        for info in facts.layers
+    )
+    grad_bytes = sum(g.bytes for g in facts.gradients)
+    summaries = tuple(m.summary() for m in ordered)
+    communication = (
+        Communication(
+            backend=facts.comm_backend,
+            allreduce_s=_mean([s.allreduce_s for s in all_steps]),
+            exposed_s=_mean([s.exposed_comm_s for s in all_steps]),
+        )
+        if facts.comm_backend is not None
+        else None
+    )
+    return Profile(
+        kind="detailed",
+        environment=facts.environment,
+        steps=StepTimes(
+            step=Spread.of([s.step_s for s in all_steps]),
+            forward_s=_mean([s.forward_s for s in all_steps]),
+            backward_s=_mean([s.backward_s for s in all_steps]),
+            optimizer_s=_mean([s.optimizer_s for s in all_steps]),
+            data_wait_s=_mean([s.data_wait_s for s in all_steps]),
+            warmup_steps=facts.warmup_steps,
+            measured_steps=len(ordered[0].steps),
+        ),
+        grad_bytes=grad_bytes,
+        flops_per_step=facts.flops_per_step,
+        memory=Memory(
+            param_bytes=facts.param_bytes,
+            grad_bytes=grad_bytes,
+            optimizer_state_bytes=facts.optimizer_state_bytes,
+            activation_bytes=sum(facts.layer_activation_bytes.values()),
+            peak_bytes=max(m.peak_memory_bytes for m in ordered),
+            peak_kind=facts.peak_kind,
+        ),
+        layers=layers,
+        blocks=roll_up_blocks(layers),
+        gradients=facts.gradients,
+        buckets=ordered[0].buckets,
+        communication=communication,
+        ranks=summaries,
+        model_name=facts.model_name,
+        created_at=facts.created_at,
+    )
+
+
+def roll_up_blocks(layers: Sequence[LayerTiming]) -> tuple[BlockTiming, ...]:
+    """Sums layers per top-level block, keeping first-seen (forward) order."""
+    sums: dict[str, list[float]] = {}
+    for layer in layers:
+        acc = sums.setdefault(layer.block, [0.0, 0.0, 0.0, 0.0])
+        acc[0] += layer.forward_s
+        acc[1] += layer.backward_s
+        acc[2] += layer.param_bytes
+        acc[3] += layer.flops
+    return tuple(
+        BlockTiming(name=name, forward_s=f, backward_s=b, param_bytes=int(p), flops=fl)
+        for name, (f, b, p, fl) in sums.items()
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,241 @@
+"""SriftyCallback on a real Lightning Trainer (CPU, single process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_srifty import SriftyCallback
+from lightning_srifty.core.errors import ConfigError, ProfileError
+from lightning_srifty.core.profile import Profile
+from lightning_srifty.io.profile_io import load_profile, save_profile
+
+BATCH = 32
+HIDDEN = 128
+STEPS_PER_EPOCH = 1797 // BATCH  # digits has 1797 images; drop_last=True
+
+
+def _trainer(root: Path, callback: SriftyCallback, max_steps: int, **kw: Any) -> pl.Trainer:
+    return pl.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        deterministic=True,
+        default_root_dir=root,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        callbacks=[callback],
+        **kw,
+    )
+
+
+def _hook_snapshot(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], ...]]:
+    snap = {}
+    for name, module in model.named_modules():
+        snap[f"module:{name}"] = tuple(
+            tuple(getattr(module, attr).keys())
+            for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                         "_backward_pre_hooks")
+        )  # fmt: skip
+    for name, param in model.named_parameters():
+        hooks = param._backward_hooks
+        snap[f"param:{name}"] = ((-1,) if hooks is None else tuple(hooks.keys()),)
+    return snap
+
+
+@pytest.fixture(scope="module")
+def profiled_run(digits: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pl.seed_everything(0)
+    root = tmp_path_factory.mktemp("run")
+    model = digits.DigitsModule(hidden=HIDDEN)
+    before = _hook_snapshot(model)
+    callback = SriftyCallback(warmup_steps=3, profile_steps=12, verbose=False)
+    _trainer(root, callback, max_steps=20).fit(
+        model, datamodule=digits.DigitsDataModule(batch_size=BATCH)
+    )
+    return {"root": root, "model": model, "callback": callback, "before": before}
+
+
+def test_profile_written_to_default_path(profiled_run: dict[str, Any]) -> None:
+    path = profiled_run["root"] / "srifty" / "profile.json"
+    assert profiled_run["callback"].written_path == path
+    profile = load_profile(path)
+    assert profile == profiled_run["callback"].profile
+    env = profile.environment
+    assert (env.accelerator, env.world_size, env.num_nodes, env.local_batch_size) == (
+        "cpu", 1, 1, BATCH,
+    )  # fmt: skip
+    assert env.precision == "32-true" and env.torch_version == torch.__version__
+    assert profile.steps.warmup_steps == 3 and profile.steps.measured_steps == 12
+    assert profile.communication is None and profile.buckets == ()
+    assert [r.rank for r in profile.ranks] == [0]
+
+
+def test_layers_in_execution_order_with_blocks(profiled_run: dict[str, Any]) -> None:
+    profile = profiled_run["callback"].profile
+    assert [x.name for x in profile.layers] == ["body.0", "body.1", "body.2", "body.3", "head",
+                                                "loss"]  # fmt: skip
+    assert [b.name for b in profile.blocks] == ["body", "head", "loss"]
+    linear = [x for x in profile.layers if x.module_type == "Linear"]
+    assert all(x.forward_s > 0 and x.backward_s > 0 for x in linear)
+
+
+def test_layer_times_are_a_sane_fraction_of_the_step(profiled_run: dict[str, Any]) -> None:
+    profile: Profile = profiled_run["callback"].profile
+    layer_sum = sum(x.forward_s + x.backward_s for x in profile.layers)
+    phases = profile.steps.forward_s + profile.steps.backward_s
+    assert 0.2 < layer_sum / phases < 1.05
+    step = profile.steps
+    assert step.forward_s + step.backward_s + step.optimizer_s < step.step.mean_s * 1.01
+    assert step.step.p50_s <= step.step.p90_s
+
+
+def test_gradient_bytes_equal_parameter_sizes(profiled_run: dict[str, Any]) -> None:
+    profile: Profile = profiled_run["callback"].profile
+    expected = 4 * ((64 + 1) * HIDDEN + (HIDDEN + 1) * HIDDEN + (HIDDEN + 1) * 10)
+    assert profile.grad_bytes == expected
+    assert sum(g.bytes for g in profile.gradients) == expected
+    assert {g.dtype for g in profile.gradients} == {"float32"}
+    assert profile.memory.param_bytes == expected
+    # SGD with momentum keeps one buffer per parameter
+    assert profile.memory.optimizer_state_bytes == expected
+    assert profile.memory.peak_kind == "cpu_rss" and profile.memory.peak_bytes > expected
+
+
+def test_flops_and_activations_follow_the_layer_shapes(profiled_run: dict[str, Any]) -> None:
+    profile: Profile = profiled_run["callback"].profile
+    fwd = {"body.0": 2 * BATCH * 64 * HIDDEN, "body.2": 2 * BATCH * HIDDEN * HIDDEN,
+           "head": 2 * BATCH * HIDDEN * 10}  # fmt: skip
+    # backward costs two forwards, except the first layer: its input needs no gradient
+    expected = {"body.0": 2 * fwd["body.0"], "body.2": 3 * fwd["body.2"], "head": 3 * fwd["head"]}
+    flops = {x.name: x.flops for x in profile.layers if x.name in expected}
+    assert flops == pytest.approx(expected)
+    assert profile.flops_per_step == pytest.approx(sum(expected.values()))
+    activations = {x.name: x.activation_bytes for x in profile.layers}
+    assert activations["body.0"] == BATCH * HIDDEN * 4 and activations["head"] == BATCH * 10 * 4
+
+
+def test_no_hook_remains_after_the_window(profiled_run: dict[str, Any]) -> None:
+    assert _hook_snapshot(profiled_run["model"]) == profiled_run["before"]
+
+
+def test_profile_json_round_trip(profiled_run: dict[str, Any], tmp_path: Path) -> None:
+    profile: Profile = profiled_run["callback"].profile
+    assert load_profile(save_profile(profile, tmp_path / "p.json")) == profile
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d["steps"].update(forward_s="fast"), "steps.forward_s"),
+        (lambda d: d.update(schema_version=99), "schema_version"),
+        (lambda d: d["environment"].pop("world_size"), "environment.world_size"),
+    ],
+)
+def test_bad_profile_files_name_the_field(
+    profiled_run: dict[str, Any], tmp_path: Path, mutate: Any, field: str
+) -> None:
+    data = json.loads((profiled_run["root"] / "srifty" / "profile.json").read_text())
+    mutate(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ProfileError) as err:
+        load_profile(bad)
+    assert str(bad) in str(err.value) and field.split(".")[-1] in str(err.value)
+
+
+def test_truncated_profile_file(profiled_run: dict[str, Any], tmp_path: Path) -> None:
+    text = (profiled_run["root"] / "srifty" / "profile.json").read_text()
+    bad = tmp_path / "cut.json"
+    bad.write_text(text[: len(text) // 2])
+    with pytest.raises(ProfileError, match="cut.json"):
+        load_profile(bad)
+
+
+def test_launcher_env_and_epoch_window(digits: ModuleType, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere" / "p.json"
+    callback = SriftyCallback(
+        warmup_steps=2,
+        profile_epochs=1,
+        profile_path=tmp_path / "ignored.json",
+        env={
+            "SRIFTY_PROFILE_PATH": str(target),
+            "SRIFTY_STATE_DIR": str(tmp_path / "state"),
+            "SRIFTY_IMDS": "off",
+        },
+        verbose=False,
+    )
+    _trainer(tmp_path, callback, max_steps=STEPS_PER_EPOCH + 3).fit(
+        digits.DigitsModule(hidden=32), datamodule=digits.DigitsDataModule(batch_size=BATCH)
+    )
+    assert not (tmp_path / "ignored.json").exists()
+    assert (tmp_path / "state" / "callback-attached").is_file()
+    assert load_profile(target).steps.measured_steps == STEPS_PER_EPOCH - 2
+
+
+def test_resumed_run_does_not_profile_twice(digits: ModuleType, tmp_path: Path) -> None:
+    first = SriftyCallback(warmup_steps=1, profile_steps=3, verbose=False)
+    trainer = _trainer(tmp_path / "a", first, max_steps=6)
+    model = digits.DigitsModule(hidden=32)
+    trainer.fit(model, datamodule=digits.DigitsDataModule(batch_size=BATCH))
+    ckpt = tmp_path / "a.ckpt"
+    trainer.save_checkpoint(ckpt)
+    assert first.state_dict()["profiled"] is True
+
+    second = SriftyCallback(warmup_steps=1, profile_steps=3, verbose=False)
+    _trainer(tmp_path / "b", second, max_steps=12).fit(
+        digits.DigitsModule(hidden=32),
+        datamodule=digits.DigitsDataModule(batch_size=BATCH),
+        ckpt_path=ckpt,
+    )
+    assert second.profiled is True
+    assert second.written_path is None
+    assert not (tmp_path / "b" / "srifty" / "profile.json").exists()
+
+
+def test_training_ending_inside_the_window_keeps_what_was_measured(
+    digits: ModuleType, tmp_path: Path
+) -> None:
+    callback = SriftyCallback(warmup_steps=2, profile_steps=50, verbose=False)
+    _trainer(tmp_path, callback, max_steps=6).fit(
+        digits.DigitsModule(hidden=32), datamodule=digits.DigitsDataModule(batch_size=BATCH)
+    )
+    assert load_profile(tmp_path / "srifty" / "profile.json").steps.measured_steps == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"warmup_steps": -1}, {"profile_steps": 0}, {"profile_epochs": 0}]
+)
+def test_bad_settings_are_config_errors(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        SriftyCallback(**kwargs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_profile_uses_events_and_max_allocated(digits: ModuleType, tmp_path: Path) -> None:
+    callback = SriftyCallback(warmup_steps=3, profile_steps=10, verbose=False)
+    pl.Trainer(
+        max_steps=15,
+        accelerator="gpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+    ).fit(digits.DigitsModule(hidden=1024), datamodule=digits.DigitsDataModule(batch_size=256))
+    profile = load_profile(tmp_path / "srifty" / "profile.json")
+    assert profile.memory.peak_kind == "cuda_max_allocated"
+    assert profile.memory.peak_bytes >= profile.memory.param_bytes
+    assert profile.environment.accelerator != "cpu"
+    layer_sum = sum(x.forward_s + x.backward_s for x in profile.layers)
+    assert 0.05 < layer_sum / (profile.steps.forward_s + profile.steps.backward_s) < 1.05

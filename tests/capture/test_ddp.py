@@ -1,0 +1,76 @@
+"""Two real gloo processes under torchrun: buckets, communication, every rank's data."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_srifty.core.profile import Profile
+from lightning_srifty.io.profile_io import load_profile
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+HIDDEN = 1024  # ~4.4 MB of gradients: more than DDP's 1 MiB first bucket, so >= 2 buckets
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ddp_profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
+    root = tmp_path_factory.mktemp("ddp")
+    port = _free_port()
+    env = dict(os.environ, SRIFTY_IMDS="off", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               OMP_NUM_THREADS="1")  # fmt: skip
+    env.pop("SRIFTY_PROFILE_PATH", None)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(port),
+        str(REPO / "examples" / "train_digits.py"), "--devices", "2", "--max-steps", "14",
+        "--hidden", str(HIDDEN), "--batch-size", "32", "--warmup-steps", "3",
+        "--profile-steps", "8", "--default-root-dir", str(root),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("srifty: profile written to") == 1  # rank zero only
+    return load_profile(root / "srifty" / "profile.json")
+
+
+def _grad_bytes(hidden: int) -> int:
+    return 4 * ((64 + 1) * hidden + (hidden + 1) * hidden + (hidden + 1) * 10)
+
+
+def test_every_rank_reaches_the_profile(ddp_profile: Profile) -> None:
+    assert sorted(r.rank for r in ddp_profile.ranks) == [0, 1]
+    assert all(r.step_mean_s > 0 and r.allreduce_s > 0 for r in ddp_profile.ranks)
+    env = ddp_profile.environment
+    assert (env.world_size, env.devices_per_node, env.num_nodes) == (2, 2, 1)
+    assert ddp_profile.steps.step.count == 2 * ddp_profile.steps.measured_steps == 16
+
+
+def test_buckets_cover_every_gradient_in_ready_order(ddp_profile: Profile) -> None:
+    buckets = ddp_profile.buckets
+    assert len(buckets) >= 2
+    assert sum(b.bytes for b in buckets) == _grad_bytes(HIDDEN) == ddp_profile.grad_bytes
+    assert sum(b.num_params for b in buckets) == 6
+    assert sorted(b.ready_order for b in buckets) == list(range(len(buckets)))
+    by_order = sorted(buckets, key=lambda b: b.ready_order)
+    offsets = [b.ready_offset_s for b in by_order]
+    assert offsets == sorted(offsets)
+    assert all(b.allreduce_s > 0 for b in buckets)
+
+
+def test_communication_is_recorded(ddp_profile: Profile) -> None:
+    comm = ddp_profile.communication
+    assert comm is not None and comm.backend == "gloo"
+    assert comm.allreduce_s > 0
+    assert 0 <= comm.exposed_s <= ddp_profile.steps.backward_s

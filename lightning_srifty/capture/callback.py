@@ -47,6 +47,7 @@ from torch.utils.hooks import RemovableHandle
 
 from lightning_srifty.capture import ddp
 from lightning_srifty.capture.environment import accelerator_from_device_name, detect_placement
+from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings
 from lightning_srifty.capture.timing import (
     BucketAccumulator,
     BucketEvent,
@@ -137,6 +138,8 @@ class SriftyCallback(pl.Callback):
             else (Path(profile_path) if profile_path is not None else None)
         )
         self.verbose = verbose
+        self._launch_settings = LaunchSettings.from_env(self._env)
+        self._session: LaunchSession | None = None
         self.profiled = False
         self.profile: Profile | None = None
         self.written_path: Path | None = None
@@ -185,8 +188,18 @@ class SriftyCallback(pl.Callback):
         if stage == "fit" and state_dir and trainer.is_global_zero:
             Path(state_dir).mkdir(parents=True, exist_ok=True)
             (Path(state_dir) / ATTACHED_MARKER).touch()
+        if stage == "fit" and self._launch_settings is not None and self._session is None:
+            self._session = LaunchSession(self._launch_settings)
+            self._session.setup(trainer)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._session is not None:
+            self._session.on_train_start(trainer)
         if self.profiled:
             return
         self._clock = CudaClock() if pl_module.device.type == "cuda" else CpuClock()
@@ -245,6 +258,8 @@ class SriftyCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        if self._session is not None:
+            self._session.after_step(trainer)
         if self.profiled:
             return
         self._stop_flop_count(pl_module)
@@ -268,6 +283,8 @@ class SriftyCallback(pl.Callback):
         self._stop_flop_count(pl_module)
         if self._measuring:
             self._end_window(trainer, pl_module)
+        if self._session is not None:
+            self._session.on_train_end(trainer)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -433,7 +450,9 @@ class SriftyCallback(pl.Callback):
         self._on_window_done(trainer, pl_module)
 
     def _on_window_done(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Extension point for the launcher's profile mode (checkpoint, then stop)."""
+        """Under the launcher's profile mode: checkpoint here, then stop cleanly."""
+        if self._session is not None:
+            self._session.on_profile_done(trainer)
 
     def _output_path(self, trainer: pl.Trainer) -> Path:
         if self._explicit_path is not None:

@@ -1,0 +1,218 @@
+"""The job side of ``srifty-launch``: what :class:`SriftyCallback` does when launched.
+
+Outside the launcher none of this runs. Under it, environment variables (see
+:mod:`lightning_srifty.core.launch_protocol`) switch on:
+
+* **resume**: the newest complete checkpoint in ``SRIFTY_CHECKPOINT_URI`` is restored
+  automatically (model, optimizer, schedulers, loop progress, RNG states);
+* **profile mode**: after the profiling window, save a checkpoint and stop cleanly;
+* **train mode**: stop at ``SRIFTY_TARGET_STEPS``, checkpoint every
+  ``SRIFTY_CHECKPOINT_INTERVAL_S`` seconds, and on a preemption notice (SIGTERM or the
+  EC2 spot notice) save an emergency checkpoint and exit with
+  :data:`PREEMPTED_EXIT_CODE`;
+* **progress**: rank zero appends JSON lines to ``SRIFTY_PROGRESS_PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.launch_protocol import ProgressEvent
+
+PROGRESS_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """The launcher's instructions, read once from the environment."""
+
+    mode: str
+    checkpoint_uri: str
+    target_steps: int | None
+    progress_path: Path | None
+    checkpoint_interval_s: float | None
+    state_dir: Path | None
+
+    @staticmethod
+    def from_env(env: Mapping[str, str]) -> LaunchSettings | None:
+        mode = env.get(proto.ENV_MODE, "")
+        if not mode:
+            return None
+        if mode not in proto.MODES:
+            raise ConfigError(
+                f"{proto.ENV_MODE}={mode!r} is not valid: use one of {', '.join(proto.MODES)}"
+            )
+        uri = env.get(proto.ENV_CHECKPOINT_URI, "")
+        if not uri:
+            raise ConfigError(f"{proto.ENV_MODE} is set but {proto.ENV_CHECKPOINT_URI} is not")
+        return LaunchSettings(
+            mode=mode,
+            checkpoint_uri=uri,
+            target_steps=_int(env, proto.ENV_TARGET_STEPS),
+            progress_path=_path(env, proto.ENV_PROGRESS_PATH),
+            checkpoint_interval_s=_float(env, proto.ENV_CHECKPOINT_INTERVAL_S),
+            state_dir=_path(env, proto.ENV_STATE_DIR),
+        )
+
+
+class LaunchSession:
+    """Resume, periodic/emergency checkpoints, target and progress for one run."""
+
+    def __init__(self, settings: LaunchSettings):
+        from lightning_srifty.capture.preemption import PreemptionWatcher
+        from lightning_srifty.io.checkpoint_store import open_store
+
+        self.settings = settings
+        self.store = open_store(settings.checkpoint_uri)
+        self.watcher = PreemptionWatcher() if settings.mode == proto.MODE_TRAIN else None
+        self.resumed_from = ""
+        self._last_ckpt_time = time.monotonic()
+        self._last_report_time = time.monotonic()
+        self._last_report_step = 0
+        self._started = False
+
+    # ----------------------------------------------------------- lifecycle
+    def setup(self, trainer: pl.Trainer) -> None:
+        """Arranges the automatic resume before Lightning restores state."""
+        from lightning_srifty.capture.checkpointing import install_auto_resume, restore_latest
+
+        restored = restore_latest(self.store)
+        if restored is not None:
+            path, checkpoint_id = restored
+            install_auto_resume(trainer, path)
+            self.resumed_from = checkpoint_id
+        if self.watcher is not None:
+            self.watcher.start()
+
+    def on_train_start(self, trainer: pl.Trainer) -> None:
+        step = int(trainer.global_step)
+        self._last_report_step = step
+        self._report(
+            trainer,
+            "resumed" if self.resumed_from else "start",
+            step,
+            0.0,
+            checkpoint=self.resumed_from,
+        )
+        self._started = True
+
+    def after_step(self, trainer: pl.Trainer) -> None:
+        """Called at every batch end: progress, target, preemption, periodic save."""
+        step = int(trainer.global_step)
+        now = time.monotonic()
+        if now - self._last_report_time >= PROGRESS_EVERY_S and step > self._last_report_step:
+            per_step = (now - self._last_report_time) / (step - self._last_report_step)
+            self._report(trainer, "step", step, per_step)
+            self._last_report_time, self._last_report_step = now, step
+        if self.watcher is not None and self._preempted(trainer):
+            self._emergency_exit(trainer)
+        target = self.settings.target_steps
+        if target is not None and step >= target:
+            trainer.should_stop = True
+            return
+        interval = self.settings.checkpoint_interval_s
+        if interval and now - self._last_ckpt_time >= interval:
+            self.save(trainer, "periodic")
+
+    def on_profile_done(self, trainer: pl.Trainer) -> None:
+        """Profile mode: checkpoint where the window ended, then end training cleanly."""
+        if self.settings.mode != proto.MODE_PROFILE:
+            return
+        self.save(trainer, "profile-end")
+        self._report(trainer, "profile-done", int(trainer.global_step), 0.0)
+        trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer) -> None:
+        if self.settings.mode == proto.MODE_TRAIN:
+            self.save(trainer, "final")
+            self._report(trainer, "done", int(trainer.global_step), 0.0)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+
+    # ------------------------------------------------------------- actions
+    def save(self, trainer: pl.Trainer, reason: str) -> str:
+        from lightning_srifty.capture.checkpointing import save_to_store
+
+        checkpoint_id = save_to_store(trainer, self.store, reason=reason)
+        self._last_ckpt_time = time.monotonic()
+        self._report(
+            trainer, "checkpoint", int(trainer.global_step), 0.0, checkpoint=checkpoint_id or ""
+        )
+        return checkpoint_id or ""
+
+    def _preempted(self, trainer: pl.Trainer) -> bool:
+        from lightning_srifty.capture.preemption import agree_across_ranks
+
+        assert self.watcher is not None
+        return agree_across_ranks(self.watcher.should_checkpoint())
+
+    def _emergency_exit(self, trainer: pl.Trainer) -> None:
+        from lightning_srifty.capture.preemption import finish_preempted
+
+        checkpoint_id = self.save(trainer, "emergency")
+        self._report(trainer, "preempted", int(trainer.global_step), 0.0, checkpoint=checkpoint_id)
+        code = finish_preempted(self.settings.state_dir)
+        self.close()
+        sys.stdout.flush()
+        os._exit(code)  # skip teardown: the node is going away
+
+    def _report(
+        self, trainer: pl.Trainer, event: str, step: int, step_s: float, checkpoint: str = ""
+    ) -> None:
+        path = self.settings.progress_path
+        if path is None or not trainer.is_global_zero:
+            return
+        line = ProgressEvent(
+            event=event,
+            time=time.time(),
+            step=step,
+            step_s=step_s,
+            checkpoint=checkpoint,
+            world_size=int(trainer.world_size),
+        ).to_line()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def _path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "")
+    return Path(raw) if raw else None

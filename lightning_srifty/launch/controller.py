@@ -1,0 +1,281 @@
+"""The run loop of ``srifty-launch``: launch, watch, survive preemptions, migrate.
+
+The controller owns no policy and no UI. It launches a plan through a
+:class:`~lightning_srifty.launch.backend.Backend`, follows the job's progress file,
+and on a preemption asks a re-planner for the best plan available now (the preempted
+offer cooling down), then relaunches; training resumes from the newest checkpoint in
+the store. Every migration is logged with why, from where, to where and time lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.cluster import Plan
+from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.core.launch_protocol import ProgressEvent
+from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot
+from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One move from a preempted cluster to a new plan."""
+
+    at_s: float
+    """Seconds since the launcher started the first training attempt."""
+    reason: str
+    from_plan: str
+    to_plan: str
+    step_at_preemption: int
+    resumed_step: int
+    lost_s: float
+    """Wall time from the preemption until the new attempt reported progress."""
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """One launch of the job on one plan."""
+
+    plan: Plan
+    state: JobState
+    events: tuple[ProgressEvent, ...]
+    elapsed_s: float
+    expectation: Expectation
+
+    @property
+    def resumed_from(self) -> str:
+        return next((e.checkpoint for e in self.events if e.event == "resumed"), "")
+
+    @property
+    def last_step(self) -> int:
+        return max((e.step for e in self.events), default=0)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the whole run did, for the final table."""
+
+    attempts: tuple[AttemptReport, ...]
+    migrations: tuple[Migration, ...]
+    target_steps: int
+    cost_usd: float
+    elapsed_s: float
+
+    @property
+    def final(self) -> AttemptReport:
+        return self.attempts[-1]
+
+    @property
+    def steps_done(self) -> int:
+        return max((a.last_step for a in self.attempts), default=0)
+
+
+class Replanner(Protocol):
+    """Chooses the best plan for what is left, avoiding offers that just failed."""
+
+    def __call__(
+        self, *, remaining_steps: int, elapsed_h: float, excluded: frozenset[tuple[str, str]]
+    ) -> Plan: ...
+
+
+class PreemptionSource(Protocol):
+    """Decides when to revoke the running job (injection on the local backend)."""
+
+    def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool: ...
+
+
+@dataclass
+class ProgressFile:
+    """Incremental reader of the job's JSON-lines progress file."""
+
+    path: Path
+    _offset: int = 0
+    _partial: str = ""
+    events: list[ProgressEvent] = field(default_factory=list)
+
+    def poll(self) -> list[ProgressEvent]:
+        """Returns events appended since the last call (tolerates a half-written line)."""
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+            self._offset = fh.tell()
+        text = self._partial + chunk
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        fresh = [
+            ProgressEvent.from_line(line, source=str(self.path)) for line in lines if line.strip()
+        ]
+        self.events.extend(fresh)
+        return fresh
+
+
+def offer_keys(plan: Plan) -> frozenset[tuple[str, str]]:
+    """(instance type, zone) of every group, the unit a preemption takes away."""
+    return frozenset((g.offer.instance_type, g.offer.zone) for g in plan.cluster.groups)
+
+
+@dataclass
+class Controller:
+    """Runs a plan to its target, migrating on preemptions."""
+
+    backend: Backend
+    script: str
+    script_args: Sequence[str]
+    run_dir: Path
+    checkpoint_uri: str
+    target_steps: int
+    replanner: Replanner
+    expectation_for: Callable[[Plan], Expectation]
+    """Predicted step time on the cluster that will really run the plan."""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    preemptions: PreemptionSource | None = None
+    on_update: Callable[[Plan, Snapshot], None] | None = None
+    on_migration: Callable[[Migration], None] | None = None
+    poll_s: float = 0.5
+    max_attempts: int = 10
+    grace_s: float = 20.0
+    cooldown_attempts: int = 2
+    """Attempts during which a preempted offer stays excluded from re-planning."""
+    checkpoint_interval_s: float | None = None
+
+    def env_for(self, attempt: int, plan: Plan) -> dict[str, str]:
+        env = dict(self.extra_env)
+        env[proto.ENV_MODE] = proto.MODE_TRAIN
+        env[proto.ENV_CHECKPOINT_URI] = self.checkpoint_uri
+        env[proto.ENV_TARGET_STEPS] = str(self.target_steps)
+        env[proto.ENV_PROGRESS_PATH] = str(self.progress_path(attempt))
+        interval = self.checkpoint_interval_s or plan.checkpoint_interval_s
+        if interval:
+            env[proto.ENV_CHECKPOINT_INTERVAL_S] = f"{interval:.3f}"
+        return env
+
+    def progress_path(self, attempt: int) -> Path:
+        return self.run_dir / f"progress-{attempt}.jsonl"
+
+    def run(self, first_plan: Plan) -> RunSummary:
+        """Runs attempts until the target is reached; raises on a genuine failure."""
+        plan = first_plan
+        attempts: list[AttemptReport] = []
+        migrations: list[Migration] = []
+        cooling: dict[tuple[str, str], int] = {}
+        started = time.monotonic()
+        cost = 0.0
+        preempted_at: float | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            report = self._attempt(attempt, plan, started)
+            attempts.append(report)
+            cost += report.expectation.hourly_usd * report.elapsed_s / 3600.0
+            if migrations and preempted_at is not None:
+                migrations[-1] = _with_resume(migrations[-1], report, preempted_at)
+            if report.state is JobState.SUCCEEDED:
+                return RunSummary(
+                    tuple(attempts),
+                    tuple(migrations),
+                    self.target_steps,
+                    cost,
+                    time.monotonic() - started,
+                )
+            if report.state is not JobState.PREEMPTED:
+                raise LaunchError(
+                    f"training failed on {plan.cluster.describe()} (state {report.state.value}); "
+                    f"logs are in {self.run_dir}"
+                )
+            preempted_at = time.monotonic()
+            cooling = {k: n - 1 for k, n in cooling.items() if n > 1}
+            for key in offer_keys(plan):
+                cooling[key] = self.cooldown_attempts
+            remaining = max(self.target_steps - report.last_step, 0)
+            new_plan = self.replanner(
+                remaining_steps=remaining,
+                elapsed_h=(preempted_at - started) / 3600.0,
+                excluded=frozenset(cooling),
+            )
+            migration = Migration(
+                at_s=preempted_at - started,
+                reason="spot preemption",
+                from_plan=_describe(plan),
+                to_plan=_describe(new_plan),
+                step_at_preemption=report.last_step,
+                resumed_step=report.last_step,
+                lost_s=0.0,
+            )
+            migrations.append(migration)
+            if self.on_migration:
+                self.on_migration(migration)
+            plan = new_plan
+        raise LaunchError(f"gave up after {self.max_attempts} attempts; logs are in {self.run_dir}")
+
+    def _attempt(self, attempt: int, plan: Plan, started: float) -> AttemptReport:
+        expect = self.expectation_for(plan)
+        progress = ProgressFile(self.progress_path(attempt))
+        progress.path.unlink(missing_ok=True)
+        spec = LaunchSpec(
+            script=self.script,
+            script_args=tuple(self.script_args),
+            plan=plan,
+            envs=self.env_for(attempt, plan),
+            name=f"srifty-{attempt}",
+        )
+        handle = self.backend.launch(spec)
+        t0 = time.monotonic()
+        injected = False
+        state = JobState.PENDING
+        try:
+            while True:
+                state = self.backend.status(handle)
+                progress.poll()
+                now = time.monotonic()
+                if self.on_update:
+                    self.on_update(
+                        plan,
+                        snapshot(progress.events, expect, elapsed_s=now - t0, start_step=0),
+                    )
+                if state.is_terminal:
+                    break
+                made_progress = any(e.event == "step" for e in progress.events)
+                if (
+                    not injected
+                    and made_progress
+                    and self.preemptions is not None
+                    and self.preemptions.should_preempt(now - t0, now - started)
+                ):
+                    injected = True
+                    preempt = getattr(self.backend, "preempt", None)
+                    if preempt is None:
+                        raise LaunchError(
+                            f"the {self.backend.name} backend cannot inject preemptions"
+                        )
+                    preempt(handle, grace_s=self.grace_s)
+                    continue
+                time.sleep(self.poll_s)
+        except BaseException:
+            self.backend.stop(handle)
+            raise
+        progress.poll()
+        return AttemptReport(plan, state, tuple(progress.events), time.monotonic() - t0, expect)
+
+
+def _describe(plan: Plan) -> str:
+    market = "spot" if plan.use_spot else "on-demand"
+    zones = ",".join(sorted({g.offer.zone for g in plan.cluster.groups}))
+    return f"{plan.cluster.describe()} {market} {zones}"
+
+
+def _with_resume(migration: Migration, report: AttemptReport, preempted_at: float) -> Migration:
+    """Fills in where the next attempt resumed and how long the move took."""
+    first_progress = next((e for e in report.events if e.event in ("resumed", "step")), None)
+    resumed_step = next(
+        (e.step for e in report.events if e.event == "resumed"), migration.resumed_step
+    )
+    lost = migration.lost_s
+    if first_progress is not None:
+        lost = max(first_progress.time - (time.time() - (time.monotonic() - preempted_at)), 0.0)
+    return replace(migration, resumed_step=resumed_step, lost_s=lost)

@@ -1,0 +1,67 @@
+"""Preemption injection for the local backend (demo and tests).
+
+``--preempt-every S`` revokes each attempt once it has run ``S`` seconds and made
+progress. ``--preempt-trace FILE --time-scale X`` replays a real spot trace: wall
+time ``t`` maps to trace time ``t * X``, and the running attempt is revoked when the
+trace's zone turns unavailable. An attempt is never revoked before it reports a
+training step, so every attempt makes progress and the run always ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.spot import SpotTimeline
+
+
+@dataclass(frozen=True)
+class EveryInterval:
+    """Revokes each attempt ``seconds`` after it started (once it made progress)."""
+
+    seconds: float
+    max_preemptions: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ConfigError(f"--preempt-every must be a positive duration, got {self.seconds}")
+
+    def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool:
+        return attempt_elapsed_s >= self.seconds
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """Revokes the attempt when the trace zone is unavailable at the scaled time."""
+
+    available: np.ndarray
+    """Boolean per tick for the zone being replayed."""
+    gap_s: float
+    time_scale: float
+    zone: str
+
+    @staticmethod
+    def from_timeline(timeline: SpotTimeline, time_scale: float, zone: int = 0) -> TraceReplay:
+        if not time_scale > 0:
+            raise ConfigError(f"--time-scale must be positive, got {time_scale}")
+        return TraceReplay(
+            available=timeline.available()[zone],
+            gap_s=timeline.gap_hours * 3600.0,
+            time_scale=time_scale,
+            zone=timeline.zones[zone],
+        )
+
+    def tick_at(self, total_elapsed_s: float) -> int:
+        return int(total_elapsed_s * self.time_scale / self.gap_s) % len(self.available)
+
+    def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool:
+        return not bool(self.available[self.tick_at(total_elapsed_s)])
+
+    def first_outage_s(self) -> float | None:
+        """Wall seconds until the trace first shows the zone unavailable (None: never)."""
+        down = np.flatnonzero(~self.available.astype(bool))
+        if down.size == 0:
+            return None
+        return float(down[0]) * self.gap_s / self.time_scale

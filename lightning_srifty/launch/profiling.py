@@ -1,0 +1,99 @@
+"""Step 1 of ``srifty-launch``: run the user's script in profile mode on this machine.
+
+The script runs as the user wrote it (its own output and traceback go straight to the
+terminal); the launcher only sets environment variables that put
+:class:`SriftyCallback` into profile mode. The callback profiles its window, saves a
+checkpoint into the store, writes the profile and ends training cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.core.profile import Profile
+from lightning_srifty.io.profile_io import load_profile
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    """What the profiling run left behind."""
+
+    profile: Profile
+    profile_path: Path
+    exit_code: int
+
+
+def profile_env(
+    *, run_dir: Path, checkpoint_uri: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Environment of the profiling run (inherits ours, plus the launcher protocol)."""
+    env = dict(os.environ)
+    env.update(extra or {})
+    env[proto.ENV_MODE] = proto.MODE_PROFILE
+    env[proto.ENV_PROFILE_PATH] = str(run_dir / "profile.json")
+    env[proto.ENV_CHECKPOINT_URI] = checkpoint_uri
+    env[proto.ENV_STATE_DIR] = str(run_dir / "profile-state")
+    env[proto.ENV_PROGRESS_PATH] = str(run_dir / "profile-progress.jsonl")
+    return env
+
+
+def run_profile(
+    script: str,
+    script_args: Sequence[str],
+    *,
+    run_dir: Path,
+    checkpoint_uri: str,
+    extra_env: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+    timeout_s: float | None = None,
+) -> ProfileRun:
+    """Runs ``script`` once in profile mode and returns its profile.
+
+    Raises:
+        LaunchError: the script is missing, crashed, has no ``SriftyCallback``, or
+            ended before the profiling window completed. The message says which.
+    """
+    path = Path(script)
+    if not path.is_file():
+        raise LaunchError(f"script not found: {script}")
+    env = profile_env(run_dir=run_dir, checkpoint_uri=checkpoint_uri, extra=extra_env)
+    state_dir = Path(env[proto.ENV_STATE_DIR])
+    state_dir.mkdir(parents=True, exist_ok=True)
+    profile_path = Path(env[proto.ENV_PROFILE_PATH])
+    profile_path.unlink(missing_ok=True)
+    try:
+        completed = subprocess.run(  # noqa: S603 - argv list; args reach the script verbatim
+            [python, str(path), *script_args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"{script} did not finish profiling within {timeout_s:.0f} s") from None
+    attached = (state_dir / proto.ATTACHED_MARKER).exists()
+    code = completed.returncode
+    if code != 0:
+        where = "during profiling" if attached else "before SriftyCallback was set up"
+        raise LaunchError(
+            f"{script} crashed {where} (exit code {code}); its own traceback is above"
+        )
+    if not attached:
+        raise LaunchError(
+            f"{script} does not use SriftyCallback: add "
+            "`from lightning_srifty import SriftyCallback` and "
+            "`Trainer(callbacks=[SriftyCallback()])` to its Trainer"
+        )
+    if not profile_path.exists():
+        raise LaunchError(
+            f"{script} ended before the profiling window completed; "
+            "let it train longer (more steps or data) or lower SriftyCallback(profile_steps=...)"
+        )
+    return ProfileRun(load_profile(profile_path), profile_path, code)

@@ -13,7 +13,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -130,23 +129,10 @@ def homogeneous(instance_type: str, zone: str, nodes: int, use_spot: bool) -> Pl
     return make_plan([ClusterGroup(o, nodes, o.accelerator_count)], use_spot)
 
 
-@pytest.fixture(scope="module")
-def sky_runtime_dir(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[sky_runtime.OfflineRuntime]:
-    """SkyPilot in this process, offline: bundled catalog, AWS marked enabled, no creds.
-
-    Environment changes are undone after the module; the folder is session-stable so
-    another module activating the same runtime finds SkyPilot already pointed there.
-    """
-    saved = dict(os.environ)
-    runtime = sky_runtime.prepare_offline_runtime(tmp_path_factory.getbasetemp() / "sky-offline")
-    sky_runtime.activate_in_process(runtime)
-    try:
-        yield runtime
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+@pytest.fixture
+def sky_runtime_dir(sky_offline: sky_runtime.OfflineRuntime) -> sky_runtime.OfflineRuntime:
+    """The session's offline SkyPilot runtime (see ``tests/conftest.py``)."""
+    return sky_offline
 
 
 @pytest.fixture

@@ -1,11 +1,226 @@
-"""``srifty plan``: not implemented yet."""
+"""``srifty plan``: the best VM mix for a profiled job under a deadline or a budget."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+from collections.abc import Sequence
+
+from lightning_srifty.core.catalog import GpuSpec, Offer
+from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.planner import (
+    DEFAULT_RESTART_DELAY_H,
+    OBJECTIVES,
+    PlanRequest,
+    PlanResult,
+    plan,
+    result_to_dict,
+)
+from lightning_srifty.core.units import format_hours, parse_duration, parse_money
+
+CATALOG_SOURCES = ("bundled", "skypilot", "auto")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Adds the ``plan`` sub-command (placeholder until its issue lands)."""
-    p = sub.add_parser("plan", help="(coming soon)")
-    p.set_defaults(func=lambda args: print("srifty plan: not implemented yet") or 3)
+    """Adds the ``plan`` sub-command."""
+    p = sub.add_parser(
+        "plan",
+        help="rank VM mixes for a profiled job under a deadline or budget",
+        description="Evaluates every instance type x nodes x region x spot/on-demand (and "
+        "two-type mixes in a region) with the performance model and spot risk, and ranks "
+        "the plans that meet the deadline/budget.",
+    )
+    p.add_argument("--profile", required=True, help="profile JSON written by SriftyCallback")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--target-steps", type=int, help="optimizer steps to train")
+    target.add_argument("--epochs", type=float, help="epochs to train (needs a dataset size)")
+    p.add_argument("--dataset-size", type=int, help="samples per epoch (with --epochs)")
+    p.add_argument("--deadline", help="finish within, e.g. 10h, 90m, 2d")
+    p.add_argument("--budget", help="spend at most, e.g. 500 or $500")
+    p.add_argument("--objective", default="cost", help=f"one of {', '.join(OBJECTIVES)}")
+    p.add_argument("--spot", action=argparse.BooleanOptionalAction, default=True,
+                   help="consider spot instances (default: yes)")  # fmt: skip
+    p.add_argument("--regions", nargs="+", default=[], metavar="REGION")
+    p.add_argument("--max-nodes", type=int, default=64)
+    p.add_argument("--max-gpus", type=int, default=None)
+    p.add_argument("--families", nargs="+", default=[], metavar="FAMILY",
+                   help="only these instance families, e.g. g5 p4d")  # fmt: skip
+    p.add_argument("--exclude-families", nargs="+", default=[], metavar="FAMILY")
+    p.add_argument("--no-mixes", action="store_true", help="homogeneous clusters only")
+    p.add_argument("--restart-delay", default=None,
+                   help="provisioning + restart time after a preemption (default 5m)")  # fmt: skip
+    p.add_argument("--checkpoint-cost", default=None,
+                   help="time to write one checkpoint (default: from state size)")  # fmt: skip
+    p.add_argument("--confidence", type=float, default=0.9,
+                   help="least probability a spot plan meets the deadline (0.9)")  # fmt: skip
+    p.add_argument("--catalog", default="auto", help=f"one of {', '.join(CATALOG_SOURCES)}")
+    p.add_argument("--calibration", help="calibration JSON from `srifty calibrate`")
+    p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    p.add_argument("--json", action="store_true", help="print versioned JSON")
+    p.add_argument("--plot", metavar="PNG", help="write the time-cost Pareto front here")
+    p.set_defaults(func=run)
+
+
+def request_from_args(args: argparse.Namespace) -> PlanRequest:
+    """Flags to a validated :class:`PlanRequest` (raises ConfigError naming the flag)."""
+    if args.catalog not in CATALOG_SOURCES:
+        raise ConfigError(
+            f"--catalog {args.catalog!r} is not valid: use one of {', '.join(CATALOG_SOURCES)}"
+        )
+    deadline = parse_duration(args.deadline, flag="--deadline") if args.deadline else None
+    restart = (
+        parse_duration(args.restart_delay, flag="--restart-delay", default_unit="m") / 3600
+        if args.restart_delay
+        else DEFAULT_RESTART_DELAY_H
+    )
+    checkpoint = (
+        parse_duration(args.checkpoint_cost, flag="--checkpoint-cost", default_unit="s")
+        if args.checkpoint_cost
+        else None
+    )
+    return PlanRequest(
+        target_steps=args.target_steps,
+        epochs=args.epochs,
+        dataset_size=args.dataset_size,
+        deadline_h=deadline / 3600 if deadline is not None else None,
+        budget_usd=parse_money(args.budget, flag="--budget") if args.budget else None,
+        objective=args.objective,
+        allow_spot=args.spot,
+        regions=tuple(args.regions),
+        max_nodes=args.max_nodes,
+        max_gpus=args.max_gpus,
+        families=tuple(args.families),
+        exclude_families=tuple(args.exclude_families),
+        mixes=not args.no_mixes,
+        restart_delay_h=restart,
+        checkpoint_cost_s=checkpoint,
+        min_deadline_probability=args.confidence,
+        top_k=args.top,
+    )
+
+
+def load_offers(source: str, profiled_on: str) -> tuple[tuple[Offer, ...], dict[str, GpuSpec]]:
+    """Offers the job can train on, and the GPU spec table (files: read here, not in core).
+
+    Trainable CUDA GPUs from the catalog, plus the accelerator the profile was taken on
+    even if it is not one (a profile from Trainium plans on Trainium).
+    """
+    from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
+
+    catalog = load_catalog(source)
+    offers = catalog.gpu_offers() + tuple(
+        o for o in catalog.offers if o.accelerator == profiled_on and not catalog.is_trainable(o)
+    )
+    return offers, load_gpu_specs()
+
+
+def plan_from_args(
+    args: argparse.Namespace,
+    offers: Sequence[Offer] | None = None,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+) -> tuple[PlanResult, PlanRequest]:
+    """Everything ``srifty plan`` computes; ``offers``/``gpu_specs`` replace the catalog."""
+    from lightning_srifty.core.perfmodel import PerformanceModel
+    from lightning_srifty.io.calibration_io import load_calibration
+    from lightning_srifty.io.profile_io import load_profile
+
+    request = request_from_args(args)
+    if args.plot:
+        from lightning_srifty.io.plot import _pyplot
+
+        _pyplot()  # fail before the work when matplotlib is missing
+    profile = load_profile(args.profile)
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    if offers is None:
+        offers, specs = load_offers(args.catalog, profile.environment.accelerator)
+    else:
+        specs = dict(gpu_specs or {})
+    model = PerformanceModel(specs, calibration)
+    return plan(profile, offers, model, request), request
+
+
+def _money(x: float) -> str:
+    return f"${x:,.2f}" if math.isfinite(x) else "—"
+
+
+def _gain(base: float, best: float, unit: str) -> str:
+    diff = base - best
+    if unit == "$":
+        return f"{'+' if diff >= 0 else '-'}${abs(diff):,.2f}"
+    return f"{diff:+.1f} h"
+
+
+def print_table(result: PlanResult, request: PlanRequest) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    title = f"srifty plan: objective {request.objective}"
+    if request.deadline_h is not None:
+        title += f", deadline {format_hours(request.deadline_h)}"
+    if request.budget_usd is not None:
+        title += f", budget {_money(request.budget_usd)}"
+    table = Table(title=title)
+    for name, justify in (
+        ("#", "right"), ("cluster", "left"), ("market", "left"), ("region/zone", "left"),
+        ("GPUs", "right"), ("step time", "right"), ("time to target", "right"),
+        ("expected cost", "right"), ("$/h", "right"), ("P(deadline)", "right"),
+    ):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for rank, p in enumerate(result.plans, 1):
+        zones = ", ".join(sorted({f"{g.offer.region}/{g.offer.zone}" for g in p.cluster.groups}))
+        spread = max(p.step_high_s - p.step_s, p.step_s - p.step_low_s)
+        table.add_row(
+            str(rank),
+            p.cluster.describe(),
+            "spot" if p.use_spot else "on-demand",
+            zones,
+            str(p.cluster.world_size),
+            f"{p.step_s:.3f} ± {spread:.3f} s",
+            format_hours(p.time_to_target_h),
+            _money(p.cost_usd),
+            _money(p.hourly_usd),
+            f"{p.deadline_probability:.0%}" if request.deadline_h is not None else "—",
+        )
+    console.print(table)
+    best = result.best
+    base_table = Table(title="baselines (gain of plan #1 over each)")
+    for name in ("baseline", "cluster", "time to target", "cost", "plan #1 saves", "hours saved"):
+        base_table.add_column(name)
+    for b in result.baselines:
+        base_table.add_row(
+            b.label,
+            f"{b.cluster.describe()} ({b.cluster.groups[0].offer.region})",
+            format_hours(b.time_to_target_h),
+            _money(b.cost_usd),
+            _gain(b.cost_usd, best.cost_usd, "$"),
+            _gain(b.time_to_target_h, best.time_to_target_h, "h"),
+        )
+    console.print(base_table)
+    space = result.space
+    console.print(
+        f"searched {space.total:,} candidates ({space.homogeneous:,} homogeneous, "
+        f"{space.mixes:,} two-type mixes) over {space.instance_types} instance types; "
+        + "; ".join(result.notes)
+    )
+
+
+def run(
+    args: argparse.Namespace,
+    offers: Sequence[Offer] | None = None,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+) -> int:
+    """Prints the ranked plans; ``offers``/``gpu_specs`` replace the catalog (tests)."""
+    result, request = plan_from_args(args, offers, gpu_specs)
+    if args.plot:
+        from lightning_srifty.io.plot import plot_pareto
+
+        plot_pareto(result, args.plot)
+    if args.json:
+        print(json.dumps(result_to_dict(result, request), indent=1))
+    else:
+        print_table(result, request)
+        if args.plot:
+            print(f"Pareto front written to {args.plot}")
+    return 0

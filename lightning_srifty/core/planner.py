@@ -1,0 +1,1019 @@
+"""The planner: the best VM mix for a profiled job under a deadline or a budget.
+
+Search space (every candidate is evaluated, none sampled):
+
+* **Units.** The catalog has one offer per instance type and zone. Zones only change
+  prices and interruption bands, so for each (instance type, region, market) only the
+  cheapest zone is kept, with its zone id, as one *unit*. A multi-node group is placed
+  in that one zone (gang-scheduled jobs want one placement group and no cross-zone
+  traffic); the two groups of a mix may sit in different zones of the same region.
+* **Homogeneous candidates.** Every unit × nodes ``1..max_nodes`` (default 64), within
+  ``max_gpus``.
+* **Two-type mixes.** Every pair of distinct instance types in the same region and the
+  same market (both spot or both on-demand), with node counts ``(a, b)`` drawn from
+  ``mix_node_counts`` (default 1, 2, 3, 4, 6, 8, 12, 16) and ``a + b <= max_nodes``.
+  Three-type mixes are not searched.
+
+The performance model does not depend on region, zone or market, so it is evaluated
+once per distinct (type, nodes) and (type pair, split), then broadcast to all units: a
+few hundred thousand candidates cost one vectorised model call each for the two shapes.
+
+Batch semantics. With gradient statistics in the profile (``stat_efficiency``) each GPU
+keeps the profiled local batch, the global batch grows with the cluster and the steps to
+the target are rescaled by :func:`lightning_srifty.core.stateff.steps_to_target`.
+Without them the global batch is fixed at the profile's (local batch × world size) and
+split across GPUs by speed, so the target's step count stays exact; clusters with more
+GPUs than samples per step are skipped.
+
+Spot risk. A gang of ``n`` nodes is preempted ``n`` times as often as one node, at the
+rate of the zone's Spot Advisor band (:func:`band_hourly_rate`). The job checkpoints at
+the Young/Daly interval, loses on average half an interval per preemption and waits a
+restart delay; :func:`spot_expectations` gives the expected time, billed hours and
+probability of meeting the deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
+from lightning_srifty.core.catalog import Offer, band_hourly_rate
+from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
+from lightning_srifty.core.errors import ConfigError, InfeasibleError
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.profile import Profile
+from lightning_srifty.core.stateff import steps_to_target as stateff_steps
+
+OBJECTIVES = ("cost", "time", "knee")
+NON_GPU_ACCELERATORS = frozenset(
+    {"Inferentia", "Inferentia2", "Trainium", "Trainium2", "Gaudi HL-205", "Qualcomm AI100"}
+)
+"""Accelerators that do not run CUDA training code; searched only if profiled on them."""
+DEFAULT_MIX_NODE_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16)
+DEFAULT_RESTART_DELAY_H = 5.0 / 60.0
+CHECKPOINT_FIXED_S = 10.0
+"""Seconds to pause, serialise and start an upload regardless of size."""
+CHECKPOINT_WRITE_BYTES_S = 200e6
+"""Sustained checkpoint write rate to object storage (about 200 MB/s from one node)."""
+_POISSON_EXACT_MAX_MEAN = 30.0
+
+
+# ---------------------------------------------------------------------------------------
+# Request and result records
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asked for: the target, the constraints and the search limits."""
+
+    target_steps: int | None = None
+    """Optimizer steps at the profile's global batch."""
+    epochs: float | None = None
+    dataset_size: int | None = None
+    """Samples per epoch; falls back to ``profile.extra["dataset_size"]``."""
+    deadline_h: float | None = None
+    budget_usd: float | None = None
+    objective: str = "cost"
+    allow_spot: bool = True
+    allow_ondemand: bool = True
+    regions: tuple[str, ...] = ()
+    max_nodes: int = 64
+    max_gpus: int | None = None
+    families: tuple[str, ...] = ()
+    exclude_families: tuple[str, ...] = ()
+    mixes: bool = True
+    mix_node_counts: tuple[int, ...] = DEFAULT_MIX_NODE_COUNTS
+    restart_delay_h: float = DEFAULT_RESTART_DELAY_H
+    checkpoint_cost_s: float | None = None
+    """Seconds to write one checkpoint; estimated from the model state when ``None``."""
+    min_deadline_probability: float = 0.9
+    """A spot plan meets the deadline only if it does so with at least this probability."""
+    top_k: int = 10
+
+    def __post_init__(self) -> None:
+        if (self.target_steps is None) == (self.epochs is None):
+            raise ConfigError("give exactly one of --target-steps N or --epochs E")
+        if self.target_steps is not None and self.target_steps < 1:
+            raise ConfigError(f"--target-steps must be >= 1, got {self.target_steps}")
+        if self.epochs is not None and not (self.epochs > 0 and math.isfinite(self.epochs)):
+            raise ConfigError(f"--epochs must be a positive number, got {self.epochs}")
+        if self.dataset_size is not None and self.dataset_size < 1:
+            raise ConfigError(f"--dataset-size must be >= 1, got {self.dataset_size}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(
+                f"--objective {self.objective!r} is not valid: use one of {', '.join(OBJECTIVES)}"
+            )
+        if self.max_nodes < 1:
+            raise ConfigError(f"--max-nodes must be >= 1, got {self.max_nodes}")
+        if self.max_gpus is not None and self.max_gpus < 1:
+            raise ConfigError(f"--max-gpus must be >= 1, got {self.max_gpus}")
+        if self.restart_delay_h < 0:
+            raise ConfigError("--restart-delay must not be negative")
+        if self.checkpoint_cost_s is not None and self.checkpoint_cost_s <= 0:
+            raise ConfigError("--checkpoint-cost must be a positive duration")
+        if not 0.0 <= self.min_deadline_probability <= 1.0:
+            raise ConfigError("--confidence must be between 0 and 1")
+        if self.top_k < 1:
+            raise ConfigError(f"--top must be >= 1, got {self.top_k}")
+        if not self.allow_spot and not self.allow_ondemand:
+            raise ConfigError("both spot and on-demand are disabled: nothing to plan")
+        if any(n < 1 for n in self.mix_node_counts):
+            raise ConfigError("mix node counts must be >= 1")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """How many candidates of each shape were evaluated (printed by the CLI/benchmark)."""
+
+    units: int
+    """(instance type, region, market) after dedupe to the cheapest zone."""
+    instance_types: int
+    homogeneous: int
+    mixes: int
+    model_rows: int
+    """Distinct clusters the performance model evaluated."""
+
+    @property
+    def total(self) -> int:
+        return self.homogeneous + self.mixes
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """Ranked plans, baselines beside them, and the time-cost Pareto front."""
+
+    plans: tuple[Plan, ...]
+    baselines: tuple[Plan, ...]
+    """Labelled: cheapest $/h that fits, fastest single node, on-demand only."""
+    front: tuple[tuple[float, float], ...]
+    """(hours, dollars) of the feasible Pareto front, fastest first."""
+    space: SearchSpace
+    target_steps_at_base: int
+    base_global_batch: int
+    fixed_global_batch: bool
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Pure numeric building blocks
+# ---------------------------------------------------------------------------------------
+
+
+def young_daly_interval_h(checkpoint_h: np.ndarray, mtbf_h: np.ndarray) -> np.ndarray:
+    """Vectorised ``sqrt(2·C·MTBF)``, as :func:`lightning_srifty.core.spot.young_daly_interval`.
+
+    Infinite MTBF (no preemptions) gives an infinite interval: never checkpoint.
+    """
+    return np.sqrt(2.0 * np.asarray(checkpoint_h, float) * np.asarray(mtbf_h, float))
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    """Standard normal CDF via Abramowitz-Stegun 7.1.26 (|error| < 1.5e-7), numpy only."""
+    z = np.abs(x) / math.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    erf = 1.0 - poly * np.exp(-z * z)
+    return 0.5 * (1.0 + np.sign(x) * erf)
+
+
+def deadline_probability(
+    slack_h: np.ndarray,
+    mean_preemptions: np.ndarray,
+    interval_h: np.ndarray,
+    restart_h: float,
+    exact: np.ndarray | None = None,
+) -> np.ndarray:
+    """``P(sum of delays <= slack)`` when preemptions are Poisson and each costs ``d``
+    plus a lost share of the interval.
+
+    Each preemption adds ``d + U·τ`` with ``U`` uniform on [0, 1) (it strikes anywhere
+    in the interval since the last checkpoint). ``K`` is Poisson with the given mean,
+    so the total delay is compound Poisson. Rows in ``exact`` (mean up to 30) sum the
+    mixture over ``k``: exact for ``k = 0, 1``, a normal Irwin-Hall approximation for
+    ``k >= 2``. Other rows use the normal approximation of the compound Poisson sum
+    (mean ``m·(d + τ/2)``, variance ``m·E[(d + Uτ)^2]``), good for large means.
+    """
+    slack = np.asarray(slack_h, dtype=np.float64)
+    mean = np.asarray(mean_preemptions, dtype=np.float64)
+    tau = np.where(np.isfinite(interval_h), interval_h, 0.0)
+    d = restart_h
+    out = np.where((slack >= 0) & np.isfinite(mean), 1.0, 0.0)
+    risky = np.flatnonzero((slack >= 0) & (mean > 0) & np.isfinite(mean))
+    if risky.size == 0:
+        return out
+    s, mu, t = slack[risky], mean[risky], tau[risky]
+    second_moment = d * d + d * t + t * t / 3.0
+    spread = np.sqrt(mu * second_moment)
+    centre = s - mu * (d + t / 2.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        approx = _normal_cdf(centre / np.where(spread > 0, spread, 1.0))
+    out[risky] = np.where(spread > 0, approx, (centre >= 0).astype(float))
+    pick = (mu <= _POISSON_EXACT_MAX_MEAN) & (t > 0)
+    if exact is not None:
+        pick &= np.asarray(exact)[risky]
+    rows = risky[pick]
+    if rows.size == 0:
+        return out
+    s, mu, t = s[pick], mu[pick], t[pick]
+    pmf = np.exp(-mu)
+    total = pmf.copy()  # k = 0: no delay, slack >= 0
+    pmf = pmf * mu
+    total += pmf * np.clip((s - d) / t, 0.0, 1.0)  # k = 1: d + U·τ <= s
+    active = np.arange(rows.size)
+    k = 1
+    while active.size:
+        k += 1
+        pmf = pmf * mu[active] / k
+        room = s[active] - k * d
+        gain = pmf * np.where(
+            room <= 0,
+            0.0,
+            _normal_cdf((room - k * t[active] / 2.0) / (t[active] * math.sqrt(k / 12))),
+        )
+        total[active] += gain
+        # Drop rows whose remaining terms are negligible or can no longer fit.
+        keep = (room > 0) & ((pmf > 1e-12) | (k < mu[active]))
+        active, pmf = active[keep], pmf[keep]
+    out[rows] = np.minimum(total, 1.0)
+    return out
+
+
+@dataclass(frozen=True)
+class SpotOutcome:
+    """Expected behaviour of many runs under preemption (arrays of equal shape)."""
+
+    time_h: np.ndarray
+    """Expected wall time: work, checkpoints, lost work and restart delays."""
+    billed_h: np.ndarray
+    """Expected instance-hours billed per node (restart delays are not billed)."""
+    interval_h: np.ndarray
+    """Young/Daly checkpoint interval (inf when never preempted)."""
+    preemptions: np.ndarray
+    """Expected number of preemptions of the gang."""
+    deadline_probability: np.ndarray
+
+
+def spot_expectations(
+    work_h: np.ndarray,
+    rate_per_h: np.ndarray,
+    checkpoint_h: float,
+    restart_h: float,
+    deadline_h: float | None,
+) -> SpotOutcome:
+    """Expected time, billed time and deadline probability of runs that get preempted.
+
+    Model. Preemptions of the gang arrive as a Poisson process of rate ``λ`` per running
+    hour (``λ`` = nodes × per-node rate). The job checkpoints every ``τ = sqrt(2·C/λ)``
+    (Young/Daly with MTBF ``1/λ``), so running ``W`` hours of work takes
+    ``T0 = W·(1 + C/τ)``. Each preemption loses on average ``τ/2`` of work and waits
+    ``d`` to restart, so with ``K`` preemptions the wall time is ``T0 + K·(τ/2 + d)``.
+    The expected number solves ``E[K] = λ·(T0 + E[K]·τ/2)`` (only running time is
+    exposed), i.e. ``E[K] = λ·T0/(1 - λ·τ/2)``; runs with ``λ·τ/2 >= 1`` never finish.
+
+    Deadline. Wall time is ``T0`` plus the preemption delays; the probability that
+    they fit in ``D - T0`` is :func:`deadline_probability` (exact Poisson mixture for
+    rows whose expected time meets the deadline, the ones that can be chosen; normal
+    approximation elsewhere). Rates of zero reduce to the on-demand case: ``T0 = W``,
+    probability 1 if ``W <= D`` else 0.
+    """
+    work = np.asarray(work_h, dtype=np.float64)
+    rate = np.broadcast_to(np.asarray(rate_per_h, dtype=np.float64), work.shape)
+    has_risk = rate > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mtbf = np.where(has_risk, 1.0 / np.where(has_risk, rate, 1.0), np.inf)
+        interval = young_daly_interval_h(np.full(work.shape, checkpoint_h), mtbf)
+        overhead = np.where(has_risk, checkpoint_h / interval, 0.0)
+        t0 = work * (1.0 + overhead)
+        lost = np.where(has_risk, interval / 2.0, 0.0)
+        exposure = 1.0 - rate * lost
+        preemptions = np.where(exposure > 0, rate * t0 / exposure, np.inf)
+        preemptions = np.where(has_risk, preemptions, 0.0)
+        time_h = t0 + preemptions * (lost + restart_h)
+        billed = t0 + preemptions * lost
+    if deadline_h is None:
+        probability = np.ones(work.shape)
+    else:
+        probability = deadline_probability(
+            deadline_h - t0, preemptions, interval, restart_h, exact=time_h <= deadline_h
+        )
+    return SpotOutcome(time_h, billed, interval, preemptions, probability)
+
+
+def _pareto_exact(t: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Sort-based front: a point is dominated by a faster one no dearer, or a tie in
+    time that is cheaper."""
+    n = t.size
+    order = np.lexsort((c, t))
+    ts, cs = t[order], c[order]
+    new_time = np.r_[True, ts[1:] != ts[:-1]]
+    starts = np.flatnonzero(new_time)
+    group = np.cumsum(new_time) - 1
+    group_min = cs[starts][group]
+    before = np.r_[np.inf, np.minimum.accumulate(cs)[:-1]]
+    prev_min = before[starts][group]
+    dominated = (prev_min <= cs) | (group_min < cs)
+    mask = np.empty(n, dtype=bool)
+    mask[order] = ~dominated
+    return mask
+
+
+def _dominated_by(
+    front_t: np.ndarray, front_c: np.ndarray, t: np.ndarray, c: np.ndarray
+) -> np.ndarray:
+    """Points strictly dominated by a front given sorted by time (costs falling)."""
+    pos = np.searchsorted(front_t, t, side="right") - 1
+    safe = np.maximum(pos, 0)
+    ft, fc = front_t[safe], front_c[safe]
+    return (pos >= 0) & (fc <= c) & ~((ft == t) & (fc == c))
+
+
+_PREFILTER_MIN = 20_000
+_PREFILTER_SAMPLE = 2_000
+
+
+def pareto_front(time: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Boolean mask of points no other point dominates (both objectives minimised).
+
+    ``a`` dominates ``b`` when it is no worse in both and better in one; identical
+    points do not dominate each other, so duplicates on the front all stay.
+
+    Large inputs are first thinned against the front of the fastest and the cheapest
+    few thousand points (a point dominated by a real point is off the front, and
+    dominance is transitive, so the survivors have the same front); the exact sort then
+    runs on the few survivors.
+    """
+    t = np.asarray(time, dtype=np.float64)
+    c = np.asarray(cost, dtype=np.float64)
+    if t.shape != c.shape or t.ndim != 1:
+        raise ValueError("time and cost must be 1-D arrays of equal length")
+    if t.size == 0:
+        return np.zeros(0, dtype=bool)
+    if t.size < _PREFILTER_MIN:
+        return _pareto_exact(t, c)
+    k = _PREFILTER_SAMPLE
+    sample = np.unique(np.r_[np.argpartition(t, k)[:k], np.argpartition(c, k)[:k]])
+    sample_front = sample[_pareto_exact(t[sample], c[sample])]
+    ft, fc = t[sample_front], c[sample_front]
+    order = np.lexsort((fc, ft))
+    survivors = np.flatnonzero(~_dominated_by(ft[order], fc[order], t, c))
+    mask = np.zeros(t.size, dtype=bool)
+    mask[survivors[_pareto_exact(t[survivors], c[survivors])]] = True
+    return mask
+
+
+def knee_index(time: np.ndarray, cost: np.ndarray) -> int:
+    """Index of the knee of a Pareto front: the point farthest from the chord.
+
+    Both axes are normalised to [0, 1] over the front so hours and dollars weigh the
+    same; the chord joins the fastest and the cheapest points.
+    """
+    t = np.asarray(time, dtype=np.float64)
+    c = np.asarray(cost, dtype=np.float64)
+    if t.size == 0:
+        raise ValueError("empty front")
+    if t.size <= 2:
+        return int(np.argmin(c))
+    tn = (t - t.min()) / max(float(np.ptp(t)), 1e-300)
+    cn = (c - c.min()) / max(float(np.ptp(c)), 1e-300)
+    a, b = int(np.argmin(t)), int(np.argmin(c))
+    dx, dy = tn[b] - tn[a], cn[b] - cn[a]
+    norm = math.hypot(dx, dy)
+    if norm == 0:
+        return a
+    distance = np.abs(dy * (tn - tn[a]) - dx * (cn - cn[a])) / norm
+    return int(np.argmax(distance))
+
+
+# ---------------------------------------------------------------------------------------
+# Search space
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Units:
+    offers: tuple[Offer, ...]
+    """Cheapest-zone offer of each unit."""
+    spot: np.ndarray
+    price: np.ndarray
+    rate: np.ndarray
+    """Preemptions per node-hour (0 on-demand)."""
+    type_index: np.ndarray
+    region: np.ndarray
+    type_offers: tuple[Offer, ...]
+    """One representative offer per distinct instance type (hardware facts)."""
+
+
+def _eligible(offer: Offer, request: PlanRequest, profiled_on: str) -> bool:
+    if offer.accelerator_count < 1 or not offer.accelerator or offer.accelerator_fraction < 1:
+        return False
+    if offer.accelerator in NON_GPU_ACCELERATORS and offer.accelerator != profiled_on:
+        return False
+    if request.regions and offer.region not in request.regions:
+        return False
+    if request.families and offer.family not in request.families:
+        return False
+    return offer.family not in request.exclude_families
+
+
+def build_units(offers: Sequence[Offer], request: PlanRequest, profiled_on: str) -> _Units:
+    """Keeps the cheapest zone per (instance type, region, market); drops ineligible."""
+    best: dict[tuple[str, str, bool], Offer] = {}
+    for offer in offers:
+        if not _eligible(offer, request, profiled_on):
+            continue
+        for spot in (False, True):
+            if (spot and not request.allow_spot) or (not spot and not request.allow_ondemand):
+                continue
+            price = offer.price(spot)
+            if price is None or price <= 0:
+                continue
+            key = (offer.instance_type, offer.region, spot)
+            kept = best.get(key)
+            if kept is None or price < (kept.price(spot) or math.inf):
+                best[key] = offer
+    keys = sorted(best)
+    type_names = sorted({k[0] for k in keys})
+    type_pos = {name: i for i, name in enumerate(type_names)}
+    first: dict[str, Offer] = {}
+    for key in keys:
+        first.setdefault(key[0], best[key])
+    chosen = tuple(best[k] for k in keys)
+    markets = [k[2] for k in keys]
+    return _Units(
+        offers=chosen,
+        spot=np.array(markets, dtype=bool),
+        price=np.array([o.price(m) for o, m in zip(chosen, markets, strict=True)], dtype=float),
+        rate=np.array(
+            [
+                band_hourly_rate(o.interruption_band) if m else 0.0
+                for o, m in zip(chosen, markets, strict=True)
+            ],
+            dtype=float,
+        ),
+        type_index=np.array([type_pos[k[0]] for k in keys], dtype=np.int64),
+        region=np.array([k[1] for k in keys], dtype=object),
+        type_offers=tuple(first[name] for name in type_names),
+    )
+
+
+def _candidate_arrays(
+    type_offers: Sequence[Offer], types: np.ndarray, nodes: np.ndarray
+) -> CandidateArrays:
+    """(n, G) model input for rows of type indices and node counts (nodes 0 = absent)."""
+    acc = np.array([o.accelerator for o in type_offers], dtype=object)
+    gpn = np.array([o.accelerator_count for o in type_offers], dtype=np.int64)
+    nvl = np.array([o.intra_node_link == "NVLink" for o in type_offers], dtype=bool)
+    gbps = np.array([o.network_gbps for o in type_offers], dtype=float)
+    mem = np.array([o.gpu_memory_gib for o in type_offers], dtype=float)
+    return CandidateArrays(acc[types], gpn[types], nodes, nvl[types], gbps[types], mem[types])
+
+
+@dataclass(frozen=True)
+class BatchSemantics:
+    """How the global batch and the step count move with the cluster (module doc)."""
+
+    base_global_batch: int
+    fixed_global_batch: bool
+    noise_scale: float | None
+
+
+def batch_semantics(profile: Profile) -> BatchSemantics:
+    env = profile.environment
+    base = env.local_batch_size * env.world_size
+    stats = profile.stat_efficiency
+    if stats is None:
+        return BatchSemantics(base, True, None)
+    return BatchSemantics(base, False, stats.noise_scale)
+
+
+def _predict(
+    model: PerformanceModel, profile: Profile, cand: CandidateArrays, sem: BatchSemantics
+) -> StepTimeArrays:
+    if sem.fixed_global_batch:
+        return model.predict_batch(profile, cand, global_batch=sem.base_global_batch)
+    return model.predict_batch(profile, cand, local_batch=profile.environment.local_batch_size)
+
+
+def estimate_step_seconds(
+    model: PerformanceModel, profile: Profile, offer: Offer, nodes: int
+) -> float:
+    """Predicted seconds per step of ``nodes`` × ``offer`` under the planner's batch rules.
+
+    For SkyPilot's ``Task.set_time_estimator`` hook; infinite when the model does not
+    fit or the accelerator is unknown, so SkyPilot's optimizer never picks it.
+    """
+    cand = _candidate_arrays((offer,), np.zeros((1, 1), np.int64), np.array([[nodes]]))
+    out = _predict(model, profile, cand, batch_semantics(profile))
+    sem = batch_semantics(profile)
+    workers = nodes * offer.accelerator_count
+    if not bool(out.fits[0]) or (sem.fixed_global_batch and workers > sem.base_global_batch):
+        return math.inf
+    return float(out.step_s[0])
+
+
+def target_steps_at_base(profile: Profile, request: PlanRequest) -> int:
+    """Steps at the profile's global batch the request asks for (epochs converted)."""
+    if request.target_steps is not None:
+        return request.target_steps
+    size = request.dataset_size
+    if size is None:
+        raw = profile.extra.get("dataset_size")
+        if isinstance(raw, int | float) and raw >= 1:
+            size = int(raw)
+    if size is None:
+        raise ConfigError(
+            "--epochs needs the number of samples per epoch: pass --dataset-size N, or "
+            "record it in the profile (SriftyCallback stores extra['dataset_size'] when the "
+            "train dataloader has a length); or give --target-steps instead"
+        )
+    base = batch_semantics(profile).base_global_batch
+    assert request.epochs is not None
+    return max(1, math.ceil(request.epochs * size / base))
+
+
+def default_checkpoint_s(profile: Profile) -> float:
+    """Seconds to write weights and optimizer state at :data:`CHECKPOINT_WRITE_BYTES_S`."""
+    m = profile.memory
+    state = m.param_bytes + m.optimizer_state_bytes
+    return CHECKPOINT_FIXED_S + state / CHECKPOINT_WRITE_BYTES_S
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Every candidate as columns; groups a/b index units (b = -1 when homogeneous)."""
+
+    unit_a: np.ndarray
+    nodes_a: np.ndarray
+    unit_b: np.ndarray
+    nodes_b: np.ndarray
+    spot: np.ndarray
+    step: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    global_batch: np.ndarray
+    ok: np.ndarray
+    """Fits in memory, known accelerator, within GPU limits and batch rules."""
+    hourly: np.ndarray
+    steps: np.ndarray
+    time_h: np.ndarray
+    cost: np.ndarray
+    probability: np.ndarray
+    interval_h: np.ndarray
+    rate: np.ndarray
+
+    def take(self, mask: np.ndarray) -> _Table:
+        return _Table(**{k: getattr(self, k)[mask] for k in self.__dataclass_fields__})
+
+
+def _mix_pairs(units: _Units) -> np.ndarray:
+    """(M, 2) unit index pairs: distinct types, same region, same market."""
+    pairs = []
+    key = np.array([f"{r}|{int(s)}" for r, s in zip(units.region, units.spot, strict=True)])
+    order = np.lexsort((units.type_index, key))
+    sorted_key = key[order]
+    bounds = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1], True])
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        members = order[lo:hi]
+        if members.size < 2:
+            continue
+        i, j = np.triu_indices(members.size, 1)
+        pairs.append(np.stack([members[i], members[j]], axis=1))
+    return np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.int64)
+
+
+def evaluate(
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+) -> tuple[_Table, SearchSpace, int, BatchSemantics, _Units]:
+    """Every candidate's step time, time to target, expected cost and deadline odds."""
+    sem = batch_semantics(profile)
+    steps0 = target_steps_at_base(profile, request)
+    units = build_units(offers, request, profile.environment.accelerator)
+    n_types = len(units.type_offers)
+    gpn = np.array([o.accelerator_count for o in units.type_offers], dtype=np.int64)
+
+    # Homogeneous: model on (type, nodes), broadcast to units.
+    node_range = np.arange(1, request.max_nodes + 1, dtype=np.int64)
+    types_h = np.repeat(np.arange(n_types), node_range.size)
+    nodes_h = np.tile(node_range, n_types)
+    out_h = _predict(
+        model, profile, _candidate_arrays(units.type_offers, types_h[:, None], nodes_h[:, None]),
+        sem,
+    )  # fmt: skip
+    u_count = len(units.offers)
+    hom_unit = np.repeat(np.arange(u_count), node_range.size)
+    hom_nodes = np.tile(node_range, u_count)
+    hom_row = units.type_index[hom_unit] * node_range.size + (hom_nodes - 1)
+
+    # Mixes: model on (type pair, split), broadcast to unit pairs.
+    pairs = _mix_pairs(units) if request.mixes else np.zeros((0, 2), dtype=np.int64)
+    splits = np.array(
+        [
+            (a, b)
+            for a in sorted(set(request.mix_node_counts))
+            for b in sorted(set(request.mix_node_counts))
+            if a + b <= request.max_nodes
+        ],
+        dtype=np.int64,
+    ).reshape(-1, 2)
+    model_rows = types_h.size
+    if pairs.size and splits.size:
+        type_pairs = units.type_index[pairs]
+        codes = type_pairs[:, 0] * n_types + type_pairs[:, 1]
+        distinct, pair_pos = np.unique(codes, return_inverse=True)
+        ta, tb = np.divmod(distinct, n_types)
+        s = splits.shape[0]
+        mix_types = np.stack([np.repeat(ta, s), np.repeat(tb, s)], axis=1)
+        mix_nodes = np.tile(splits, (distinct.size, 1))
+        out_m = _predict(
+            model, profile, _candidate_arrays(units.type_offers, mix_types, mix_nodes), sem
+        )
+        model_rows += mix_types.shape[0]
+        mix_unit_a = np.repeat(pairs[:, 0], s)
+        mix_unit_b = np.repeat(pairs[:, 1], s)
+        mix_na = np.tile(splits[:, 0], pairs.shape[0])
+        mix_nb = np.tile(splits[:, 1], pairs.shape[0])
+        mix_row = np.repeat(pair_pos, s) * s + np.tile(np.arange(s), pairs.shape[0])
+    else:
+        out_m = None
+        mix_unit_a = mix_unit_b = mix_na = mix_nb = mix_row = np.zeros(0, dtype=np.int64)
+
+    def col(name: str) -> np.ndarray:
+        parts = [getattr(out_h, name)[hom_row]]
+        if out_m is not None:
+            parts.append(getattr(out_m, name)[mix_row])
+        return np.concatenate(parts)
+
+    unit_a = np.concatenate([hom_unit, mix_unit_a])
+    unit_b = np.concatenate([np.full(hom_unit.size, -1), mix_unit_b])
+    nodes_a = np.concatenate([hom_nodes, mix_na])
+    nodes_b = np.concatenate([np.zeros(hom_unit.size, np.int64), mix_nb])
+    safe_b = np.maximum(unit_b, 0)
+    has_b = unit_b >= 0
+    world = nodes_a * gpn[units.type_index[unit_a]] + np.where(
+        has_b, nodes_b * gpn[units.type_index[safe_b]], 0
+    )
+    step, low, high = col("step_s"), col("low_s"), col("high_s")
+    global_batch = col("global_batch")
+    ok = col("fits") & np.isfinite(step) & (step > 0)
+    if request.max_gpus is not None:
+        ok &= world <= request.max_gpus
+    if sem.fixed_global_batch:
+        ok &= world <= sem.base_global_batch
+        steps = np.full(step.shape, float(steps0))
+    else:
+        assert sem.noise_scale is not None
+        steps = np.ceil(
+            stateff_steps(
+                steps0, sem.base_global_batch, np.maximum(global_batch, 1), sem.noise_scale
+            )
+        )
+    hourly = units.price[unit_a] * nodes_a + np.where(has_b, units.price[safe_b] * nodes_b, 0.0)
+    rate = units.rate[unit_a] * nodes_a + np.where(has_b, units.rate[safe_b] * nodes_b, 0.0)
+    spot = units.spot[unit_a]
+    work_h = np.where(ok, steps * step / 3600.0, np.inf)
+    ckpt_s = request.checkpoint_cost_s or default_checkpoint_s(profile)
+    outcome = spot_expectations(
+        work_h, rate, ckpt_s / 3600.0, request.restart_delay_h, request.deadline_h
+    )
+    ok &= np.isfinite(outcome.time_h)
+    table = _Table(
+        unit_a=unit_a,
+        nodes_a=nodes_a,
+        unit_b=unit_b,
+        nodes_b=nodes_b,
+        spot=spot,
+        step=step,
+        low=low,
+        high=high,
+        global_batch=global_batch,
+        ok=ok,
+        hourly=hourly,
+        steps=steps,
+        time_h=outcome.time_h,
+        cost=hourly * outcome.billed_h,
+        probability=outcome.deadline_probability,
+        interval_h=outcome.interval_h,
+        rate=rate,
+    )
+    space = SearchSpace(
+        units=u_count,
+        instance_types=n_types,
+        homogeneous=int(hom_unit.size),
+        mixes=int(mix_unit_a.size),
+        model_rows=int(model_rows),
+    )
+    return table, space, steps0, sem, units
+
+
+# ---------------------------------------------------------------------------------------
+# Choosing
+# ---------------------------------------------------------------------------------------
+
+
+def _meets(table: _Table, request: PlanRequest) -> np.ndarray:
+    mask = table.ok.copy()
+    if request.deadline_h is not None:
+        mask &= table.time_h <= request.deadline_h
+        mask &= table.probability >= request.min_deadline_probability
+    if request.budget_usd is not None:
+        mask &= table.cost <= request.budget_usd
+    return mask
+
+
+def _infeasible_message(table: _Table, request: PlanRequest) -> str:
+    fits = table.ok
+    if not fits.any():
+        return (
+            "no candidate cluster can run this job: no instance type in the search space "
+            "fits the model in GPU memory with a known accelerator (widen --regions, "
+            "--families, --max-nodes/--max-gpus, or allow spot/on-demand)"
+        )
+    parts = []
+    if request.deadline_h is not None:
+        fastest = float(table.time_h[fits].min())
+        on_time = fits & (table.time_h <= request.deadline_h)
+        if fastest > request.deadline_h:
+            parts.append(
+                f"the fastest plan needs {fastest:.1f} h > deadline {request.deadline_h:.3g} h"
+            )
+        elif not (on_time & (table.probability >= request.min_deadline_probability)).any():
+            best = float(table.probability[on_time].max())
+            parts.append(
+                f"no plan meets the deadline {request.deadline_h:.3g} h with probability >= "
+                f"{request.min_deadline_probability:.0%} (best {best:.0%}; lower --confidence "
+                "or use on-demand)"
+            )
+        else:
+            meeting = on_time & (table.probability >= request.min_deadline_probability)
+            cheapest = float(table.cost[meeting].min())
+            budget = request.budget_usd or math.inf
+            parts.append(
+                f"the cheapest plan meeting the deadline costs ${cheapest:,.2f} > budget "
+                f"${budget:,.2f}"
+            )
+    elif request.budget_usd is not None:
+        cheapest = float(table.cost[fits].min())
+        parts.append(
+            f"the cheapest plan costs ${cheapest:,.2f} > budget ${request.budget_usd:,.2f}"
+        )
+    return "no plan meets the constraints: " + "; ".join(parts)
+
+
+def _smallest_first(
+    primary: np.ndarray, secondary: np.ndarray, idx: np.ndarray, k: int
+) -> np.ndarray:
+    """The best ``k`` of ``idx`` by (primary, secondary), with every tie of the k-th.
+
+    A partition instead of a full sort: over a million candidates this is ten times
+    faster, and the caller asks again with a larger ``k`` if it needs more.
+    """
+    if idx.size > k:
+        p = primary[idx]
+        threshold = np.partition(p, k - 1)[k - 1]
+        idx = idx[p <= threshold]
+    return idx[np.lexsort((secondary[idx], primary[idx]))]
+
+
+def _ranking(
+    table: _Table, mask: np.ndarray, objective: str, front: np.ndarray, pool: int
+) -> np.ndarray:
+    """At least ``pool`` candidates of ``mask`` (all if fewer), best first.
+
+    ``front`` holds the indices of the Pareto front of ``mask`` (used by ``knee``).
+    """
+    idx = np.flatnonzero(mask)
+    if objective == "cost":
+        return _smallest_first(table.cost, table.time_h, idx, pool)
+    if objective == "time":
+        return _smallest_first(table.time_h, table.cost, idx, pool)
+    t, c = table.time_h[front], table.cost[front]
+    knee = knee_index(t, c)
+    tn = (t - t.min()) / max(float(np.ptp(t)), 1e-300)
+    cn = (c - c.min()) / max(float(np.ptp(c)), 1e-300)
+    # After the knee, the rest of the front by closeness to it (normalised axes).
+    distance = np.hypot(tn - tn[knee], cn - cn[knee])
+    return front[np.argsort(distance, kind="stable")]
+
+
+def _front_of(table: _Table, mask: np.ndarray) -> np.ndarray:
+    idx = np.flatnonzero(mask)
+    front = idx[pareto_front(table.time_h[idx], table.cost[idx])]
+    return front[np.argsort(table.time_h[front], kind="stable")]
+
+
+def _plan(table: _Table, units: _Units, i: int, label: str = "") -> Plan:
+    offer_a = units.offers[int(table.unit_a[i])]
+    groups = [ClusterGroup(offer_a, int(table.nodes_a[i]), offer_a.accelerator_count)]
+    if table.unit_b[i] >= 0:
+        offer_b = units.offers[int(table.unit_b[i])]
+        groups.append(ClusterGroup(offer_b, int(table.nodes_b[i]), offer_b.accelerator_count))
+    spot = bool(table.spot[i])
+    interval = float(table.interval_h[i])
+    return Plan(
+        cluster=Cluster(tuple(groups)),
+        use_spot=spot,
+        step_s=float(table.step[i]),
+        step_low_s=float(table.low[i]),
+        step_high_s=float(table.high[i]),
+        global_batch=int(table.global_batch[i]),
+        steps_to_target=int(table.steps[i]),
+        time_to_target_h=float(table.time_h[i]),
+        cost_usd=float(table.cost[i]),
+        hourly_usd=float(table.hourly[i]),
+        deadline_probability=float(table.probability[i]),
+        checkpoint_interval_s=interval * 3600.0 if spot and math.isfinite(interval) else None,
+        preemptions_per_hour=float(table.rate[i]),
+        label=label,
+    )
+
+
+def _top(table: _Table, units: _Units, order: np.ndarray, k: int) -> list[Plan]:
+    """First ``k`` plans of ``order`` with distinct (cluster, market), best kept."""
+    seen: set[tuple[str, bool]] = set()
+    plans = []
+    for i in order:
+        plan = _plan(table, units, int(i))
+        key = (plan.cluster.describe(), plan.use_spot)
+        if key in seen:
+            continue
+        seen.add(key)
+        plans.append(plan)
+        if len(plans) == k:
+            break
+    return plans
+
+
+def _baselines(table: _Table, units: _Units, request: PlanRequest, objective: str) -> list[Plan]:
+    single_od = table.ok & ~table.spot & (table.unit_b < 0) & (table.nodes_a == 1)
+    out = []
+    if single_od.any():
+        idx = np.flatnonzero(single_od)
+        cheapest = idx[np.lexsort((table.step[idx], table.hourly[idx]))[0]]
+        out.append(_plan(table, units, int(cheapest), "cheapest $/h that fits (SkyPilot default)"))
+        fastest = idx[np.lexsort((table.hourly[idx], table.step[idx]))[0]]
+        out.append(_plan(table, units, int(fastest), "fastest single node"))
+    on_demand = _meets(table, request) & ~table.spot
+    if on_demand.any():
+        front = _front_of(table, on_demand) if objective == "knee" else on_demand[:0]
+        best = _ranking(table, on_demand, objective, front, 1)[0]
+        out.append(_plan(table, units, int(best), "best on-demand only"))
+    return out
+
+
+def plan(
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+) -> PlanResult:
+    """Ranks every candidate cluster for ``profile`` and returns the best ``top_k``.
+
+    Raises:
+        InfeasibleError: nothing meets the deadline/budget; the message says what the
+            fastest and the cheapest achievable plans need.
+        ConfigError: the target cannot be computed (epochs without a dataset size).
+    """
+    table, space, steps0, sem, units = evaluate(profile, offers, model, request)
+    meets = _meets(table, request)
+    if not meets.any():
+        raise InfeasibleError(_infeasible_message(table, request))
+    on_front = _front_of(table, meets)
+    available = int(meets.sum())
+    pool = 64 * request.top_k
+    while True:
+        order = _ranking(table, meets, request.objective, on_front, pool)
+        plans = _top(table, units, order, request.top_k)
+        if len(plans) == request.top_k or order.size >= available or pool >= available:
+            break
+        pool = available
+    notes = []
+    if sem.fixed_global_batch:
+        notes.append(
+            f"global batch fixed at {sem.base_global_batch} (profile has no gradient "
+            "statistics); larger clusters split it"
+        )
+    else:
+        notes.append(
+            f"local batch fixed at {profile.environment.local_batch_size}; steps rescaled by "
+            f"statistical efficiency (noise scale {sem.noise_scale:.3g})"
+        )
+    return PlanResult(
+        plans=tuple(plans),
+        baselines=tuple(_baselines(table, units, request, request.objective)),
+        front=tuple((float(table.time_h[i]), float(table.cost[i])) for i in on_front),
+        space=space,
+        target_steps_at_base=steps0,
+        base_global_batch=sem.base_global_batch,
+        fixed_global_batch=sem.fixed_global_batch,
+        notes=tuple(notes),
+    )
+
+
+def offers_by_type(offers: Sequence[Offer]) -> Mapping[str, Offer]:
+    """First offer of each instance type (hardware facts are the same in every zone)."""
+    out: dict[str, Offer] = {}
+    for offer in offers:
+        out.setdefault(offer.instance_type, offer)
+    return out
+
+
+PLAN_SCHEMA_VERSION = 1
+
+
+def plan_to_dict(plan_: Plan) -> dict[str, Any]:
+    """JSON-ready description of one plan (groups with region and zone ids)."""
+    return {
+        "label": plan_.label,
+        "cluster": plan_.cluster.describe(),
+        "market": "spot" if plan_.use_spot else "on-demand",
+        "groups": [
+            {
+                "instance_type": g.offer.instance_type,
+                "accelerator": g.offer.accelerator,
+                "nodes": g.nodes,
+                "gpus_per_node": g.gpus_per_node,
+                "region": g.offer.region,
+                "zone": g.offer.zone,
+            }
+            for g in plan_.cluster.groups
+        ],
+        "gpus": plan_.cluster.world_size,
+        "step_s": plan_.step_s,
+        "step_low_s": plan_.step_low_s,
+        "step_high_s": plan_.step_high_s,
+        "global_batch": plan_.global_batch,
+        "steps_to_target": plan_.steps_to_target,
+        "time_to_target_h": plan_.time_to_target_h,
+        "cost_usd": plan_.cost_usd,
+        "hourly_usd": plan_.hourly_usd,
+        "deadline_probability": plan_.deadline_probability,
+        "checkpoint_interval_s": plan_.checkpoint_interval_s,
+        "preemptions_per_hour": plan_.preemptions_per_hour,
+    }
+
+
+def result_to_dict(result: PlanResult, request: PlanRequest) -> dict[str, Any]:
+    """The versioned document ``srifty plan --json`` prints."""
+    best = result.best
+    return {
+        "schema_version": PLAN_SCHEMA_VERSION,
+        "kind": "srifty-plan",
+        "request": {
+            "target_steps": request.target_steps,
+            "epochs": request.epochs,
+            "dataset_size": request.dataset_size,
+            "deadline_h": request.deadline_h,
+            "budget_usd": request.budget_usd,
+            "objective": request.objective,
+            "spot": request.allow_spot,
+            "regions": list(request.regions),
+            "max_nodes": request.max_nodes,
+            "max_gpus": request.max_gpus,
+            "families": list(request.families),
+            "exclude_families": list(request.exclude_families),
+            "restart_delay_h": request.restart_delay_h,
+            "min_deadline_probability": request.min_deadline_probability,
+        },
+        "target_steps_at_base": result.target_steps_at_base,
+        "base_global_batch": result.base_global_batch,
+        "fixed_global_batch": result.fixed_global_batch,
+        "search_space": {
+            "units": result.space.units,
+            "instance_types": result.space.instance_types,
+            "homogeneous": result.space.homogeneous,
+            "mixes": result.space.mixes,
+            "total": result.space.total,
+            "model_rows": result.space.model_rows,
+        },
+        "plans": [dict(plan_to_dict(p), rank=i + 1) for i, p in enumerate(result.plans)],
+        "baselines": [
+            dict(
+                plan_to_dict(b),
+                saving_usd=b.cost_usd - best.cost_usd,
+                saving_h=b.time_to_target_h - best.time_to_target_h,
+            )
+            for b in result.baselines
+        ],
+        "pareto_front": [{"time_h": t, "cost_usd": c} for t, c in result.front],
+        "notes": list(result.notes),
+    }

@@ -1,0 +1,426 @@
+"""The planner against a brute-force oracle, spot risk against simulation, the front."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_srifty.core.catalog import GpuSpec, Offer, band_hourly_rate
+from lightning_srifty.core.cluster import Cluster, ClusterGroup
+from lightning_srifty.core.errors import ConfigError, InfeasibleError, PredictionError
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.planner import (
+    PlanRequest,
+    _pareto_exact,
+    deadline_probability,
+    default_checkpoint_s,
+    estimate_step_seconds,
+    knee_index,
+    pareto_front,
+    plan,
+    result_to_dict,
+    spot_expectations,
+    young_daly_interval_h,
+)
+from lightning_srifty.core.profile import (
+    BatchPoint,
+    Environment,
+    Memory,
+    Profile,
+    Spread,
+    StatEfficiency,
+    StepTimes,
+)
+from lightning_srifty.core.spot import young_daly_interval
+from lightning_srifty.core.stateff import steps_to_target
+
+GIB = 1024**3
+# Published peaks (NVIDIA T4 and A10G data sheets).
+SPECS = {
+    "T4": GpuSpec("T4", 8.1, 8.1, 65.0, 320.0, 16.0, "NVIDIA T4 datasheet"),
+    "A10G": GpuSpec("A10G", 31.2, 62.5, 125.0, 600.0, 24.0, "NVIDIA A10 datasheet"),
+}
+
+
+def make_profile(
+    *, param_bytes: int = 100 * 1024**2, stat: StatEfficiency | None = None, **extra: object
+) -> Profile:
+    """A coarse single-T4 profile: 0.02 s + 2 ms per sample, local batch 32."""
+    points = tuple(BatchPoint(b, 0.02 + 0.002 * b, 0.02 + 0.002 * b) for b in (16, 32, 64))
+    return Profile(
+        kind="coarse",
+        environment=Environment(
+            device_name="NVIDIA T4",
+            accelerator="T4",
+            devices_per_node=1,
+            world_size=1,
+            num_nodes=1,
+            precision="32-true",
+            local_batch_size=32,
+            torch_version="",
+            lightning_version="",
+        ),
+        steps=StepTimes(Spread(0.084, 0.084, 0.09, 50), 0.0, 0.0, 0.0, 0.0, 0, 50),
+        grad_bytes=param_bytes,
+        flops_per_step=0.0,
+        memory=Memory(param_bytes, param_bytes, 2 * param_bytes, 0, 0, "unknown"),
+        batch_points=points,
+        stat_efficiency=stat,
+        model_name="toy",
+        extra=dict(extra),
+    )
+
+
+def offer(
+    itype: str,
+    acc: str,
+    count: int,
+    mem: float,
+    region: str,
+    zone: str,
+    od: float | None,
+    spot: float | None,
+    band: int | None = 1,
+) -> Offer:
+    link = "none" if count == 1 else "PCIe"
+    gbps = 50.0 if count > 1 else 25.0
+    return Offer(itype, acc, count, mem, 4.0 * count, 16.0 * count, region, zone, od, spot,
+                 link, gbps, band)  # fmt: skip
+
+
+def small_catalog() -> list[Offer]:
+    """A handful of real-looking offers: zones with different spot prices, a type with
+    no spot market, and a non-GPU accelerator that is cheap."""
+    return [
+        offer("g4dn.xlarge", "T4", 1, 16, "us-east-1", "use1-az1", 0.526, 0.21, 0),
+        offer("g4dn.xlarge", "T4", 1, 16, "us-east-1", "use1-az2", 0.526, 0.16, 2),
+        offer("g4dn.12xlarge", "T4", 4, 16, "us-east-1", "use1-az1", 3.912, 1.40, 1),
+        offer("g4dn.12xlarge", "T4", 4, 16, "us-west-2", "usw2-az1", 3.912, 1.10, 3),
+        offer("g5.xlarge", "A10G", 1, 24, "us-east-1", "use1-az2", 1.006, None),
+        offer("g5.xlarge", "A10G", 1, 24, "us-west-2", "usw2-az3", 1.006, 0.45, 4),
+        offer("g5.12xlarge", "A10G", 4, 24, "us-west-2", "usw2-az3", 5.672, 2.10, 1),
+        offer("inf2.xlarge", "Inferentia2", 1, 32, "us-east-1", "use1-az1", 0.758, 0.05, 0),
+    ]
+
+
+MODEL = PerformanceModel(SPECS)
+SPLITS = (1, 2)
+
+
+def oracle(
+    profile: Profile, offers: list[Offer], request: PlanRequest
+) -> list[tuple[float, float, float, str, bool]]:
+    """Every cluster of the search space, one ``PerformanceModel.predict`` call each.
+
+    Loops over every zone (no dedupe), every market and node count, and every pair of
+    types in a region; returns (cost, time, probability, description, spot) rows.
+    """
+    base = profile.environment.local_batch_size * profile.environment.world_size
+    ckpt_h = default_checkpoint_s(profile) / 3600
+    gpu_offers = [o for o in offers if o.accelerator in SPECS]
+    clusters: list[tuple[Cluster, bool]] = []
+    for spot in (False, True):
+        priced = [o for o in gpu_offers if o.price(spot) is not None]
+        for o in priced:
+            for n in range(1, request.max_nodes + 1):
+                clusters.append((Cluster((ClusterGroup(o, n, o.accelerator_count),)), spot))
+        for a, b in itertools.combinations(priced, 2):
+            if a.region != b.region or a.instance_type == b.instance_type:
+                continue
+            for na, nb in itertools.product(SPLITS, SPLITS):
+                if na + nb <= request.max_nodes:
+                    groups = (
+                        ClusterGroup(a, na, a.accelerator_count),
+                        ClusterGroup(b, nb, b.accelerator_count),
+                    )
+                    clusters.append((Cluster(groups), spot))
+    rows = []
+    for cluster, spot in clusters:
+        if cluster.world_size > base:
+            continue
+        try:
+            pred = MODEL.predict(profile, cluster, global_batch=base)
+        except PredictionError:
+            continue
+        assert request.target_steps is not None
+        work_h = request.target_steps * pred.step_s / 3600
+        rate = sum(g.nodes * band_hourly_rate(g.offer.interruption_band) for g in cluster.groups)
+        out = spot_expectations(
+            np.array([work_h]), np.array([rate if spot else 0.0]), ckpt_h,
+            request.restart_delay_h, request.deadline_h,
+        )  # fmt: skip
+        hourly = cluster.hourly_price(spot)
+        assert hourly is not None
+        rows.append((
+            hourly * float(out.billed_h[0]), float(out.time_h[0]),
+            float(out.deadline_probability[0]), cluster.describe(), spot,
+        ))  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("objective", "deadline_h", "budget"),
+    [("cost", None, None), ("cost", 0.9, None), ("time", None, 3.0), ("time", None, None)],
+)
+def test_planner_finds_the_brute_force_optimum(
+    objective: str, deadline_h: float | None, budget: float | None
+) -> None:
+    profile = make_profile()
+    request = PlanRequest(
+        target_steps=20_000, deadline_h=deadline_h, budget_usd=budget, objective=objective,
+        max_nodes=4, mix_node_counts=SPLITS, min_deadline_probability=0.5,
+    )  # fmt: skip
+    rows = oracle(profile, small_catalog(), request)
+    feasible = [
+        r for r in rows
+        if (deadline_h is None or (r[1] <= deadline_h and r[2] >= 0.5))
+        and (budget is None or r[0] <= budget)
+    ]  # fmt: skip
+    assert feasible, "the oracle space must contain a feasible plan"
+    key = (lambda r: (r[0], r[1])) if objective == "cost" else (lambda r: (r[1], r[0]))
+    truth = min(feasible, key=key)
+    best = plan(profile, small_catalog(), MODEL, request).best
+    assert best.cost_usd == pytest.approx(truth[0], rel=1e-9)
+    assert best.time_to_target_h == pytest.approx(truth[1], rel=1e-9)
+    assert (best.cluster.describe(), best.use_spot) == (truth[3], truth[4])
+
+
+def test_plans_keep_the_cheapest_zone_and_never_use_non_gpu_or_missing_spot() -> None:
+    request = PlanRequest(target_steps=5_000, max_nodes=2, top_k=50)
+    result = plan(make_profile(), small_catalog(), MODEL, request)
+    for p in result.plans:
+        for g in p.cluster.groups:
+            assert g.offer.accelerator != "Inferentia2"
+            if p.use_spot:
+                assert g.offer.spot_price is not None
+            if g.offer.instance_type == "g4dn.xlarge" and p.use_spot:
+                assert g.offer.zone == "use1-az2"  # $0.16 beats $0.21 in use1-az1
+    spot_g5 = [p for p in result.plans if p.use_spot and "g5.xlarge" in p.cluster.describe()]
+    assert all(g.offer.region == "us-west-2" for p in spot_g5 for g in p.cluster.groups)
+
+
+def test_limits_regions_families_and_gpus_are_respected() -> None:
+    request = PlanRequest(
+        target_steps=5_000, regions=("us-west-2",), exclude_families=("g5",), max_gpus=4,
+        top_k=50,
+    )  # fmt: skip
+    result = plan(make_profile(), small_catalog(), MODEL, request)
+    for p in result.plans:
+        assert p.cluster.world_size <= 4
+        assert all(g.offer.region == "us-west-2" for g in p.cluster.groups)
+        assert all(g.offer.family != "g5" for g in p.cluster.groups)
+    only_g5 = plan(make_profile(), small_catalog(), MODEL, replace(request, exclude_families=(),
+                   families=("g5",)))  # fmt: skip
+    assert all(g.offer.family == "g5" for p in only_g5.plans for g in p.cluster.groups)
+
+
+def test_memory_filter_keeps_only_gpus_that_hold_the_model() -> None:
+    # 3.8 GiB params -> 15.2 GiB with grads and Adam state: over 92% of a T4's 16 GiB,
+    # within an A10G's 24 GiB.
+    big = make_profile(param_bytes=int(3.8 * GIB))
+    result = plan(big, small_catalog(), MODEL, PlanRequest(target_steps=1_000, top_k=50))
+    assert result.plans
+    assert all(g.offer.accelerator == "A10G" for p in result.plans for g in p.cluster.groups)
+    huge = make_profile(param_bytes=6 * GIB)
+    with pytest.raises(InfeasibleError, match="fits the model in GPU memory"):
+        plan(huge, small_catalog(), MODEL, PlanRequest(target_steps=1_000))
+
+
+def test_infeasible_deadline_and_budget_say_what_is_achievable() -> None:
+    profile = make_profile()
+    fastest = plan(profile, small_catalog(), MODEL, PlanRequest(target_steps=50_000,
+                   objective="time")).best  # fmt: skip
+    with pytest.raises(InfeasibleError) as err:
+        plan(profile, small_catalog(), MODEL,
+             PlanRequest(target_steps=50_000, deadline_h=fastest.time_to_target_h / 2))  # fmt: skip
+    assert f"the fastest plan needs {fastest.time_to_target_h:.1f} h > deadline" in str(err.value)
+    deadline = fastest.time_to_target_h * 3
+    cheapest = plan(profile, small_catalog(), MODEL,
+                    PlanRequest(target_steps=50_000, deadline_h=deadline)).best  # fmt: skip
+    tight = PlanRequest(target_steps=50_000, deadline_h=deadline, budget_usd=cheapest.cost_usd / 2)
+    with pytest.raises(InfeasibleError) as err:
+        plan(profile, small_catalog(), MODEL, tight)
+    assert f"costs ${cheapest.cost_usd:,.2f} > budget" in str(err.value)
+
+
+def test_baselines_are_the_cheapest_hourly_and_fastest_single_node() -> None:
+    profile = make_profile()
+    result = plan(profile, small_catalog(), MODEL, PlanRequest(target_steps=10_000))
+    labels = [b.label for b in result.baselines]
+    assert labels[0].startswith("cheapest $/h")
+    cheapest = result.baselines[0]
+    singles = [o for o in small_catalog() if o.accelerator in SPECS and o.ondemand_price]
+    assert cheapest.hourly_usd == min(o.ondemand_price or 0 for o in singles)
+    assert cheapest.cluster.nodes == 1 and not cheapest.use_spot
+    fastest = result.baselines[1]
+    step_of = {o.instance_type: estimate_step_seconds(MODEL, profile, o, 1) for o in singles}
+    assert fastest.step_s == pytest.approx(min(step_of.values()))
+    on_demand = result.baselines[2]
+    assert not on_demand.use_spot and on_demand.cost_usd >= result.best.cost_usd
+
+
+def test_estimate_step_seconds_matches_the_model_and_is_inf_when_it_cannot_run() -> None:
+    profile = make_profile()
+    o = small_catalog()[2]
+    cluster = Cluster((ClusterGroup(o, 2, 4),))
+    expected = MODEL.predict(profile, cluster, global_batch=32).step_s
+    assert estimate_step_seconds(MODEL, profile, o, 2) == pytest.approx(expected)
+    assert estimate_step_seconds(MODEL, profile, o, 16) == math.inf  # 64 GPUs > batch 32
+    assert estimate_step_seconds(MODEL, profile, small_catalog()[-1], 1) == math.inf
+
+
+def test_stat_efficiency_grows_the_batch_and_rescales_steps() -> None:
+    stat = StatEfficiency(grad_sqr=1.0, grad_var=200.0, batch_size=32)  # B_noise = 200
+    profile = make_profile(stat=stat)
+    result = plan(profile, small_catalog(), MODEL, PlanRequest(target_steps=10_000, top_k=30))
+    assert not result.fixed_global_batch
+    grown = [p for p in result.plans if p.cluster.world_size > 1]
+    assert grown
+    for p in grown:
+        assert p.global_batch == 32 * p.cluster.world_size
+        expected = math.ceil(float(steps_to_target(10_000, 32, p.global_batch, 200.0)))
+        assert p.steps_to_target == expected
+        assert expected > 10_000 * 32 / p.global_batch  # sub-linear: more samples needed
+
+
+def test_epochs_need_a_dataset_size_and_use_the_profile_extra() -> None:
+    with pytest.raises(ConfigError, match="--dataset-size"):
+        plan(make_profile(), small_catalog(), MODEL, PlanRequest(epochs=2.0))
+    result = plan(make_profile(dataset_size=50_000), small_catalog(), MODEL,
+                  PlanRequest(epochs=2.0))  # fmt: skip
+    assert result.target_steps_at_base == math.ceil(2.0 * 50_000 / 32)
+    assert result.best.steps_to_target == result.target_steps_at_base
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"target_steps": 0}, {"target_steps": 5, "objective": "fast"},
+     {"target_steps": 5, "max_nodes": 0}, {"target_steps": 5, "allow_spot": False,
+      "allow_ondemand": False}],
+)  # fmt: skip
+def test_bad_requests_are_config_errors(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        PlanRequest(**kwargs)  # type: ignore[arg-type]
+
+
+def test_json_document_is_versioned_and_lists_baselines_and_front() -> None:
+    request = PlanRequest(target_steps=10_000, objective="knee")
+    result = plan(make_profile(), small_catalog(), MODEL, request)
+    doc = result_to_dict(result, request)
+    assert doc["schema_version"] == 1
+    assert doc["plans"][0]["rank"] == 1
+    front = [(f["time_h"], f["cost_usd"]) for f in doc["pareto_front"]]
+    assert (result.best.time_to_target_h, result.best.cost_usd) in front
+    times = [t for t, _ in front]
+    costs = [c for _, c in front]
+    assert times == sorted(times) and costs == sorted(costs, reverse=True)
+
+
+# ----------------------------------------------------------------------- spot risk
+
+
+def test_young_daly_matches_spot_module() -> None:
+    got = young_daly_interval_h(np.array([0.02]), np.array([50.0]))
+    assert float(got[0]) == pytest.approx(young_daly_interval(0.02, 50.0))
+
+
+def test_spot_expectations_without_risk_is_on_demand() -> None:
+    out = spot_expectations(np.array([3.0, 5.0]), np.array([0.0, 0.0]), 0.01, 0.1, 4.0)
+    assert out.time_h.tolist() == [3.0, 5.0]
+    assert out.deadline_probability.tolist() == [1.0, 0.0]
+    assert out.preemptions.tolist() == [0.0, 0.0]
+
+
+def _simulate(work: float, rate: float, ckpt: float, restart: float, tau: float,
+              runs: int, rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+    """Wall times of runs that checkpoint every ``tau`` of work and restart on preemption."""
+    times = np.empty(runs)
+    for r in range(runs):
+        done = clock = 0.0
+        next_fail = rng.exponential(1 / rate)  # running time until the next preemption
+        while done < work - 1e-12:
+            segment = min(tau, work - done)
+            need = segment + (ckpt if done + segment < work - 1e-12 else 0.0)
+            if next_fail >= need:
+                clock += need
+                next_fail -= need
+                done += segment
+            else:
+                clock += next_fail + restart
+                next_fail = rng.exponential(1 / rate)
+        times[r] = clock
+    return times
+
+
+def test_spot_expectations_agree_with_a_simulated_preemption_process() -> None:
+    work, rate, ckpt, restart, deadline = 10.0, 0.2, 0.05, 0.1, 11.0
+    out = spot_expectations(np.array([work]), np.array([rate]), ckpt, restart, deadline)
+    tau = float(out.interval_h[0])
+    times = _simulate(work, rate, ckpt, restart, tau, 4000, np.random.default_rng(7))
+    assert float(out.time_h[0]) == pytest.approx(times.mean(), rel=0.03)
+    assert float(out.deadline_probability[0]) == pytest.approx(np.mean(times <= deadline), abs=0.06)
+
+
+@pytest.mark.parametrize(
+    ("slack", "mean", "tau", "restart", "tolerance"),
+    [(0.3, 0.5, 0.6, 0.1, 0.01), (1.0, 3.0, 0.5, 0.08, 0.01), (4.0, 12.0, 0.4, 0.2, 0.01),
+     (25.0, 60.0, 0.5, 0.1, 0.03)],
+)  # fmt: skip
+def test_deadline_probability_matches_sampled_compound_poisson(
+    slack: float, mean: float, tau: float, restart: float, tolerance: float
+) -> None:
+    rng = np.random.default_rng(11)
+    k = rng.poisson(mean, 40_000)
+    lost = rng.uniform(0, tau, int(k.sum()))
+    delay = k * restart + np.bincount(np.repeat(np.arange(k.size), k), lost, k.size)
+    sampled = float(np.mean(delay <= slack))
+    got = deadline_probability(np.array([slack]), np.array([mean]), np.array([tau]), restart)
+    assert float(got[0]) == pytest.approx(sampled, abs=tolerance + 0.01)
+
+
+def test_deadline_probability_edges() -> None:
+    got = deadline_probability(
+        np.array([-0.1, 0.0, 2.0]), np.array([1.0, 0.0, 0.0]), np.array([0.5, np.inf, np.inf]),
+        0.1,
+    )  # fmt: skip
+    assert got.tolist() == [0.0, 1.0, 1.0]
+
+
+# ------------------------------------------------------------------------- Pareto
+
+
+def _brute_front(points: list[tuple[float, float]]) -> list[bool]:
+    def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0] or a[1] < b[1])
+
+    return [not any(dominates(q, p) for q in points) for p in points]
+
+
+coords = st.integers(0, 12).map(float) | st.floats(0.0, 100.0, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(coords, coords), min_size=1, max_size=60))
+def test_pareto_front_is_exactly_the_non_dominated_set(points: list[tuple[float, float]]) -> None:
+    t = np.array([p[0] for p in points])
+    c = np.array([p[1] for p in points])
+    assert pareto_front(t, c).tolist() == _brute_front(points)
+
+
+def test_pareto_prefilter_keeps_the_exact_front_on_large_inputs() -> None:
+    rng = np.random.default_rng(3)
+    t = np.round(rng.lognormal(0, 1, 60_000), 2)
+    c = np.round(5.0 / t + rng.exponential(1.0, t.size), 2)
+    assert np.array_equal(pareto_front(t, c), _pareto_exact(t, c))
+
+
+def test_knee_is_the_bend_of_the_front() -> None:
+    t = np.array([1.0, 2.0, 10.0])
+    c = np.array([10.0, 3.0, 1.0])
+    assert knee_index(t, c) == 1

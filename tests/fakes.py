@@ -6,6 +6,15 @@ sky.Task/sky.Resources, boto3 against moto's standalone server).
 
 from __future__ import annotations
 
+import http.client
+import json
+import socket
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
+
 # ---------------------------------------------------------------------------------------
 # SkyPilot SDK (owned by the SkyPilot adapter, lightning_srifty/launch/sky_backend.py)
 #
@@ -50,6 +59,9 @@ class FakeSkySdk:
         """Cluster name -> sky ClusterStatus."""
         self.jobs: dict[str, object] = {}
         """Cluster name -> sky JobStatus of its job 1."""
+        self.job_progression: list[object] = []
+        """Job states every newly launched cluster's job 1 goes through, one per poll."""
+        self._progress: dict[str, list[object]] = {}
         self._results: dict[str, tuple[bool, object]] = {}
         self._next_request = 0
 
@@ -88,6 +100,7 @@ class FakeSkySdk:
         external = [f"203.0.113.{10 * index + node}" for node in range(task.num_nodes)]
         self.clusters[name] = status_lib.ClusterStatus.UP
         self.jobs[name] = job_lib.JobStatus.PENDING
+        self._progress[name] = list(self.job_progression)
         return self._request((1, FakeSkyHandle(internal, external)))
 
     def status(self, cluster_names: list[str], **kwargs: object) -> str:
@@ -103,6 +116,9 @@ class FakeSkySdk:
 
         if cluster_name not in self.clusters:
             return self._request(error=sky.exceptions.ClusterDoesNotExist(cluster_name))
+        upcoming = self._progress.get(cluster_name)
+        if upcoming:
+            self.jobs[cluster_name] = upcoming.pop(0)
         return self._request({job_id: self.jobs[cluster_name] for job_id in job_ids or [1]})
 
     def down(self, cluster_name: str) -> str:
@@ -119,3 +135,229 @@ class FakeSkySdk:
         """AWS takes the spot instances back: the cluster disappears from the server."""
         del self.clusters[cluster_name]
         self.jobs.pop(cluster_name, None)
+
+
+# ---------------------------------------------------------------------------------------
+# EC2 instance metadata service (owned by capture/environment.py and capture/preemption.py)
+#
+# 169.254.169.254 exists only on EC2. FakeImds answers the IMDSv2 calls we make: the
+# token PUT, instance type, region, and the spot interruption notice (404 until set).
+# ---------------------------------------------------------------------------------------
+
+
+class FakeImds(BaseHTTPRequestHandler):
+    """IMDSv2 on 127.0.0.1: tokens, instance type, region and the spot notice."""
+
+    token = "t0k3n"
+    requests: list[str] = []
+    spot_notice: dict[str, str] | None = None
+    """Set to e.g. ``{"action": "terminate", "time": "..."}`` to issue a notice."""
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self.requests.append(f"PUT {self.path}")
+        ok = (
+            self.path == "/latest/api/token"
+            and "X-aws-ec2-metadata-token-ttl-seconds" in self.headers
+        )
+        self._reply(self.token if ok else "", 200 if ok else 400)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.requests.append(f"GET {self.path}")
+        if self.headers.get("X-aws-ec2-metadata-token") != self.token:
+            self._reply("", 401)
+            return
+        answers = {
+            "/latest/meta-data/instance-type": "p3.8xlarge",
+            "/latest/meta-data/placement/region": "us-west-2",
+        }
+        if self.spot_notice is not None:
+            answers["/latest/meta-data/spot/instance-action"] = json.dumps(self.spot_notice)
+        self._reply(answers.get(self.path, ""), 200 if self.path in answers else 404)
+
+    def _reply(self, body: str, status: int) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+@contextmanager
+def serve_fake_imds() -> Iterator[str]:
+    """Runs :class:`FakeImds` on a free port; yields its endpoint URL."""
+    FakeImds.requests = []
+    FakeImds.spot_notice = None
+    server = HTTPServer(("127.0.0.1", 0), FakeImds)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+        FakeImds.spot_notice = None
+
+
+# ---------------------------------------------------------------------------------------
+# S3 faults (owned by io/checkpoint_store.py)
+#
+# The S3 API itself is real (moto's standalone server, started by tests/conftest.py).
+# What cannot be produced on demand is a network that drops connections or an S3 that
+# throttles. FaultyS3Proxy sits between boto3 and the moto server, forwards every
+# request over real HTTP, and injects those faults on a schedule.
+# ---------------------------------------------------------------------------------------
+
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+_INTERNAL = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
+    b"<Message>We encountered an internal error. Please try again.</Message></Error>"
+)
+
+
+class FaultyS3Proxy:
+    """A forwarding proxy in front of an S3 endpoint that injects faults.
+
+    Attributes (set them between calls):
+        throttle_next: the next N requests get ``503 SlowDown``.
+        reset_next: the next N requests have their connection closed without a reply.
+        fail_puts_matching: every PUT whose path contains this text gets
+            ``500 InternalError`` (``None``: none).
+        faults: how many faults were injected so far.
+    """
+
+    def __init__(self, upstream: str):
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.throttle_next = 0
+        self.reset_next = 0
+        self.fail_puts_matching: str | None = None
+        self.faults = 0
+        self.requests: list[str] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                fault = proxy._fault_for(self.command, self.path)
+                if fault == "reset":
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                if fault in ("throttle", "internal"):
+                    payload = _SLOW_DOWN if fault == "throttle" else _INTERNAL
+                    self.send_response(503 if fault == "throttle" else 500)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection(
+                    proxy.upstream.hostname, proxy.upstream.port, timeout=30
+                )
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = proxy.upstream.netloc
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for key, value in resp.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815
+
+            def log_message(self, format: str, *args: object) -> None:
+                """Quiet."""
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _fault_for(self, method: str, path: str) -> str | None:
+        with self._lock:
+            self.requests.append(f"{method} {path}")
+            if self.reset_next > 0:
+                self.reset_next -= 1
+                self.faults += 1
+                return "reset"
+            if self.throttle_next > 0:
+                self.throttle_next -= 1
+                self.faults += 1
+                return "throttle"
+            if method == "PUT" and self.fail_puts_matching and self.fail_puts_matching in path:
+                self.faults += 1
+                return "internal"
+            return None
+
+    def __enter__(self) -> FaultyS3Proxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------------------
+# The person at the terminal (owned by launch/launcher.py's LauncherUI)
+#
+# srifty-launch asks for confirmation and draws a live display; a test has nobody to
+# answer and no screen. RecordingUI answers with a fixed choice and keeps what it was
+# shown, so tests can assert on the journey.
+# ---------------------------------------------------------------------------------------
+class RecordingUI:
+    """A LauncherUI that confirms (or refuses) and records every call."""
+
+    def __init__(self, confirm: bool = True):
+        self.answer = confirm
+        self.messages: list[str] = []
+        self.profiles: list[object] = []
+        self.plans: list[object] = []
+        self.dry_runs: list[object] = []
+        self.updates: list[tuple[object, object, object]] = []
+        self.migrations: list[object] = []
+        self.summaries: list[object] = []
+
+    def info(self, message: str) -> None:
+        self.messages.append(message)
+
+    def show_profile(self, run: object) -> None:
+        self.profiles.append(run)
+
+    def show_plan(self, result: object, request: object) -> None:
+        self.plans.append(result)
+
+    def confirm(self, plan: object) -> bool:
+        return self.answer
+
+    def show_dry_run(self, report: object) -> None:
+        self.dry_runs.append(report)
+
+    def progress(self, plan: object, snap: object, expect: object) -> None:
+        self.updates.append((plan, snap, expect))
+
+    def migration(self, move: object) -> None:
+        self.migrations.append(move)
+
+    def summary(self, outcome: object) -> None:
+        self.summaries.append(outcome)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -18,6 +16,7 @@ from lightning_srifty.capture.environment import (
     query_imds,
     region_from_skypilot,
 )
+from tests.fakes import FakeImds, serve_fake_imds
 
 GIB = 2**30
 
@@ -49,58 +48,16 @@ def test_region_from_skypilot_cluster_info() -> None:
     assert region_from_skypilot({}) is None
 
 
-class _FakeImds(BaseHTTPRequestHandler):
-    token = "t0k3n"
-    requests: list[str] = []
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self.requests.append(f"PUT {self.path}")
-        ok = (
-            self.path == "/latest/api/token"
-            and "X-aws-ec2-metadata-token-ttl-seconds" in self.headers
-        )
-        self._reply(self.token if ok else "", 200 if ok else 400)
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.requests.append(f"GET {self.path}")
-        if self.headers.get("X-aws-ec2-metadata-token") != self.token:
-            self._reply("", 401)
-            return
-        answers = {
-            "/latest/meta-data/instance-type": "p3.8xlarge",
-            "/latest/meta-data/placement/region": "us-west-2",
-        }
-        self._reply(answers.get(self.path, ""), 200 if self.path in answers else 404)
-
-    def _reply(self, body: str, status: int) -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet."""
-
-
 @pytest.fixture
 def imds_server() -> Iterator[str]:
-    _FakeImds.requests = []
-    server = HTTPServer(("127.0.0.1", 0), _FakeImds)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve_fake_imds() as endpoint:
+        yield endpoint
 
 
 def test_imds_v2_token_then_metadata(imds_server: str) -> None:
     placement = query_imds(imds_server, timeout_s=2.0)
     assert placement == Placement(instance_type="p3.8xlarge", region="us-west-2")
-    assert _FakeImds.requests[0] == "PUT /latest/api/token"
+    assert FakeImds.requests[0] == "PUT /latest/api/token"
 
 
 def test_skypilot_region_wins_and_imds_gives_instance_type(imds_server: str) -> None:
@@ -112,7 +69,7 @@ def test_skypilot_region_wins_and_imds_gives_instance_type(imds_server: str) -> 
 def test_imds_off_sends_nothing(imds_server: str) -> None:
     placement = detect_placement({"SRIFTY_IMDS": "off"}, endpoint=imds_server, timeout_s=2.0)
     assert placement == Placement()
-    assert _FakeImds.requests == []
+    assert FakeImds.requests == []
 
 
 def test_absent_metadata_service_returns_none_quickly() -> None:

@@ -1,0 +1,214 @@
+"""Checkpoint stores: a local directory and S3 (moto's standalone server, real HTTP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from lightning_srifty.core.errors import CheckpointError, CredentialsError
+from lightning_srifty.io.checkpoint_store import (
+    CheckpointStore,
+    LocalStore,
+    S3Store,
+    new_checkpoint_id,
+    open_store,
+    parse_s3_uri,
+    sha256_of,
+)
+from tests.fakes import FaultyS3Proxy
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return str(request.getfixturevalue("s3_uri"))
+
+
+def _payload(tmp_path: Path, name: str, size: int = 50_000, seed: int = 0) -> Path:
+    path = tmp_path / name
+    path.write_bytes(bytes((i * 31 + seed) % 251 for i in range(size)))
+    return path
+
+
+def _corrupt(store: CheckpointStore, name: str, tmp_path: Path) -> None:
+    """Overwrites one stored object with different bytes of the same size."""
+    original = tmp_path / "orig.bin"
+    store._get_file(name, original)  # noqa: SLF001 - the test plays the failing disk
+    data = bytearray(original.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(bytes(data))
+    store._put_file(bad, name)  # noqa: SLF001
+
+
+def test_round_trip_newest_first_and_digest(store_uri: str, tmp_path: Path) -> None:
+    store = open_store(store_uri, keep=5)
+    store.check()
+    assert store.fetch_latest(tmp_path / "empty") is None
+    first = store.save(_payload(tmp_path, "a", seed=1), step=10, reason="periodic")
+    second = store.save(
+        _payload(tmp_path, "b", seed=2), step=20, reason="emergency", extra={"x": 1}
+    )
+    assert [r.id for r in store.refs()] == [second.id, first.id]
+    assert second.id > first.id
+    found = store.fetch_latest(tmp_path / "restore")
+    assert found is not None
+    path, ref = found
+    assert ref == second
+    assert ref.step == 20 and ref.reason == "emergency" and ref.extra == {"x": 1}
+    assert path.read_bytes() == (tmp_path / "b").read_bytes()
+    assert ref.sha256 == sha256_of(tmp_path / "b")
+
+
+def test_retention_keeps_the_last_k(store_uri: str, tmp_path: Path) -> None:
+    store = open_store(store_uri, keep=2)
+    refs = [store.save(_payload(tmp_path, f"p{i}", seed=i), step=i, reason="p") for i in range(5)]
+    assert [r.id for r in store.refs()] == [refs[4].id, refs[3].id]
+    data = store._list("data")  # noqa: SLF001
+    assert sorted(data) == sorted(f"{r.id}.ckpt" for r in refs[3:])
+
+
+def test_corrupt_newest_falls_back_to_the_previous(store_uri: str, tmp_path: Path) -> None:
+    store = open_store(store_uri)
+    good = store.save(_payload(tmp_path, "good", seed=3), step=5, reason="p")
+    newest = store.save(_payload(tmp_path, "new", seed=4), step=9, reason="p")
+    _corrupt(store, newest.data_name, tmp_path)
+    found = store.fetch_latest(tmp_path / "restore")
+    assert found is not None
+    assert found[1].id == good.id
+    assert found[0].read_bytes() == (tmp_path / "good").read_bytes()
+
+
+def test_truncated_or_missing_data_and_bad_manifest_are_skipped(
+    store_uri: str, tmp_path: Path
+) -> None:
+    store = open_store(store_uri, keep=5)
+    oldest = store.save(_payload(tmp_path, "o", seed=5), step=1, reason="p")
+    truncated = store.save(_payload(tmp_path, "t", seed=6), step=2, reason="p")
+    missing = store.save(_payload(tmp_path, "m", seed=7), step=3, reason="p")
+    garbled = store.save(_payload(tmp_path, "g", seed=8), step=4, reason="p")
+    short = tmp_path / "short"
+    short.write_bytes((tmp_path / "t").read_bytes()[:100])
+    store._put_file(short, truncated.data_name)  # noqa: SLF001
+    store._delete(missing.data_name)  # noqa: SLF001
+    store._put_bytes(b'{"schema_version": 1, "id": ', garbled.manifest_name)  # noqa: SLF001
+    found = store.fetch_latest(tmp_path / "restore")
+    assert found is not None and found[1].id == oldest.id
+
+
+def test_future_manifest_version_is_not_trusted(store_uri: str, tmp_path: Path) -> None:
+    store = open_store(store_uri)
+    old = store.save(_payload(tmp_path, "o", seed=9), step=1, reason="p")
+    new = store.save(_payload(tmp_path, "n", seed=10), step=2, reason="p")
+    manifest = json.loads(store._get_bytes(new.manifest_name))  # noqa: SLF001
+    manifest["schema_version"] = 99
+    store._put_bytes(json.dumps(manifest).encode(), new.manifest_name)  # noqa: SLF001
+    assert [r.id for r in store.refs()] == [old.id]
+
+
+def test_orphaned_data_is_pruned_but_never_the_kept_ones(store_uri: str, tmp_path: Path) -> None:
+    store = open_store(store_uri, keep=2)
+    orphan_id = new_checkpoint_id(1, None)
+    store._put_file(_payload(tmp_path, "orphan"), f"data/{orphan_id}.ckpt")  # noqa: SLF001
+    kept = store.save(_payload(tmp_path, "k", seed=11), step=2, reason="p")
+    assert store._list("data") == [f"{kept.id}.ckpt"]  # noqa: SLF001
+
+
+def test_ids_never_go_backwards_when_the_clock_does() -> None:
+    later = new_checkpoint_id(5, None, now_ns=2_000_000_000_000_000_000)
+    earlier_clock = new_checkpoint_id(6, later, now_ns=1_000_000_000_000_000_000)
+    assert earlier_clock > later
+    assert new_checkpoint_id(0, None, now_ns=5) < new_checkpoint_id(0, None, now_ns=6)
+
+
+def test_local_write_leaves_no_temporary_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    store.save(_payload(tmp_path, "a"), step=1, reason="p")
+    leftovers = [p for p in (tmp_path / "store").rglob("*") if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_unwritable_local_directory_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match="not writable"):
+        LocalStore(blocker / "store").check()
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("s3://", "not a valid S3 URI"),
+        ("s3://Bad_Bucket/x", "not a valid S3 URI"),
+        ("gs://bucket/x", "scheme 'gs' is not supported"),
+        ("", "no checkpoint URI"),
+    ],
+)
+def test_bad_uris_name_what_is_valid(uri: str, message: str) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        open_store(uri)
+
+
+def test_parse_s3_uri() -> None:
+    assert parse_s3_uri("s3://my-bucket/a/b/") == ("my-bucket", "a/b")
+    assert parse_s3_uri("s3://my-bucket") == ("my-bucket", "")
+
+
+# ------------------------------------------------------------------------- S3 faults
+def test_missing_bucket_and_unreachable_endpoint(s3_env: dict[str, str]) -> None:
+    with pytest.raises(CheckpointError, match="bucket srifty-no-such-bucket does not exist"):
+        open_store("s3://srifty-no-such-bucket/x").check()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    store = S3Store("s3://srifty-any/x", endpoint_url=f"http://127.0.0.1:{closed}")
+    with pytest.raises(CheckpointError, match="S3 check failed for s3://srifty-any/x") as info:
+        store.check()
+    assert "\n" not in str(info.value)
+
+
+def test_missing_credentials_are_named(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    store = S3Store("s3://srifty-any/x", endpoint_url=moto_endpoint)
+    with pytest.raises(CredentialsError, match="no usable AWS credentials"):
+        store.check()
+
+
+def test_throttling_and_dropped_connections_are_retried(s3_uri: str, tmp_path: Path) -> None:
+    endpoint = os.environ["SRIFTY_S3_ENDPOINT_URL"]
+    with FaultyS3Proxy(endpoint) as proxy:
+        store = S3Store(s3_uri, endpoint_url=proxy.url)
+        proxy.throttle_next = 2
+        proxy.reset_next = 1
+        ref = store.save(_payload(tmp_path, "a"), step=3, reason="p")
+        assert proxy.faults == 3
+        proxy.throttle_next = 1
+        found = store.fetch_latest(tmp_path / "restore")
+    assert found is not None and found[1] == ref
+    assert proxy.faults == 4
+
+
+def test_failed_upload_never_replaces_a_good_checkpoint(s3_uri: str, tmp_path: Path) -> None:
+    endpoint = os.environ["SRIFTY_S3_ENDPOINT_URL"]
+    good = open_store(s3_uri).save(_payload(tmp_path, "good", seed=1), step=7, reason="p")
+    with FaultyS3Proxy(endpoint) as proxy:
+        flaky = S3Store(s3_uri, endpoint_url=proxy.url, max_attempts=2)
+        proxy.fail_puts_matching = "/data/"
+        with pytest.raises(CheckpointError, match="S3 upload"):
+            flaky.save(_payload(tmp_path, "new", seed=2), step=8, reason="p")
+        proxy.fail_puts_matching = "/manifests/"
+        with pytest.raises(CheckpointError):
+            flaky.save(_payload(tmp_path, "new2", seed=3), step=9, reason="p")
+    found = open_store(s3_uri).fetch_latest(tmp_path / "restore")
+    assert found is not None and found[1] == good
+    assert found[0].read_bytes() == (tmp_path / "good").read_bytes()

@@ -9,7 +9,9 @@ import lightning.pytorch as pl
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
+
+from lightning_srifty import ResumableLoader
 
 
 class DigitsModule(pl.LightningModule):
@@ -39,7 +41,7 @@ class DigitsModule(pl.LightningModule):
 
 
 class DigitsDataModule(pl.LightningDataModule):
-    """The 1797 digits, scaled to [0, 1], shuffled with a seeded generator."""
+    """The 1797 digits, scaled to [0, 1], in a seeded order that resumes mid-epoch."""
 
     def __init__(self, batch_size: int = 64, seed: int = 0) -> None:
         super().__init__()
@@ -53,13 +55,10 @@ class DigitsDataModule(pl.LightningDataModule):
         y = torch.tensor(digits.target, dtype=torch.long)
         self.dataset = TensorDataset(x, y)
 
-    def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+    def train_dataloader(self) -> ResumableLoader:
+        # A resumable loader, so a resumed run continues at the exact batch; a plain
+        # DataLoader works too, but Lightning then restarts the epoch after a resume.
         assert self.dataset is not None
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
-            shuffle=True,
-            generator=generator,
-            drop_last=True,
+        return ResumableLoader(
+            self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed
         )

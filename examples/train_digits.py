@@ -1,7 +1,8 @@
 """Train an MLP on scikit-learn's digits with lightning-srifty's profiler attached.
 
     python examples/train_digits.py --max-steps 60
-    torchrun --nproc-per-node 2 examples/train_digits.py --devices 2
+    torchrun --nproc-per-node 2 examples/train_digits.py
+    srifty-launch --backend local --yes --target-steps 300 examples/train_digits.py
 
 The only srifty line is ``callbacks=[SriftyCallback(...)]``; the profile lands in
 ``<default-root-dir>/srifty/profile.json`` (or ``$SRIFTY_PROFILE_PATH``).
@@ -10,6 +11,7 @@ The only srifty line is ``callbacks=[SriftyCallback(...)]``; the profile lands i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,14 +38,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def topology(args: argparse.Namespace) -> tuple[int, int]:
+    """(devices per node, nodes): from torchrun's environment when it started us."""
+    if "LOCAL_WORLD_SIZE" in os.environ and "WORLD_SIZE" in os.environ:
+        local = int(os.environ["LOCAL_WORLD_SIZE"])
+        return local, max(1, int(os.environ["WORLD_SIZE"]) // local)
+    return args.devices, 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pl.seed_everything(args.seed, workers=True)
+    devices, num_nodes = topology(args)
     trainer = pl.Trainer(
         max_steps=args.max_steps,
         accelerator=args.accelerator,
-        devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy="ddp" if devices * num_nodes > 1 else "auto",
         deterministic=True,
         default_root_dir=args.default_root_dir,
         enable_progress_bar=False,

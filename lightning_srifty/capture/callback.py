@@ -46,6 +46,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from torch.utils.hooks import RemovableHandle
 
 from lightning_srifty.capture import ddp
+from lightning_srifty.capture.checkpointing import (
+    gather_rng_states,
+    restore_rng_state,
+    rng_state_for_this_rank,
+)
 from lightning_srifty.capture.environment import accelerator_from_device_name, detect_placement
 from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings
 from lightning_srifty.capture.timing import (
@@ -140,6 +145,7 @@ class SriftyCallback(pl.Callback):
         self.verbose = verbose
         self._launch_settings = LaunchSettings.from_env(self._env)
         self._session: LaunchSession | None = None
+        self._pending_rng: list[dict[str, Any]] | None = None
         self.profiled = False
         self.profile: Profile | None = None
         self.written_path: Path | None = None
@@ -147,11 +153,20 @@ class SriftyCallback(pl.Callback):
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Saved in checkpoints so a resumed run does not profile twice."""
-        return {"state_version": STATE_VERSION, "profiled": self.profiled}
+        """Saved in checkpoints so a resumed run does not profile twice.
+
+        Under the launcher it also carries every rank's RNG state (a collective: Lightning
+        builds checkpoint state on all ranks), so a resumed run draws the same numbers.
+        """
+        state: dict[str, Any] = {"state_version": STATE_VERSION, "profiled": self.profiled}
+        if self._session is not None:
+            state["rng"] = gather_rng_states()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.profiled = bool(state_dict.get("profiled", False))
+        rng = state_dict.get("rng")
+        self._pending_rng = list(rng) if isinstance(rng, list) else None
 
     def _reset_window(self) -> None:
         self._clock: Clock = CpuClock()
@@ -199,6 +214,12 @@ class SriftyCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._session is not None:
+            if self._pending_rng:
+                # Last, after every restore step, so nothing draws in between.
+                state = rng_state_for_this_rank(self._pending_rng)
+                if state is not None:
+                    restore_rng_state(state)
+            self._pending_rng = None
             self._session.on_train_start(trainer)
         if self.profiled:
             return

@@ -41,6 +41,7 @@ class LaunchSettings:
     progress_path: Path | None
     checkpoint_interval_s: float | None
     state_dir: Path | None
+    keep_checkpoints: int = 3
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> LaunchSettings | None:
@@ -61,6 +62,7 @@ class LaunchSettings:
             progress_path=_path(env, proto.ENV_PROGRESS_PATH),
             checkpoint_interval_s=_float(env, proto.ENV_CHECKPOINT_INTERVAL_S),
             state_dir=_path(env, proto.ENV_STATE_DIR),
+            keep_checkpoints=max(_int(env, proto.ENV_KEEP_CHECKPOINTS) or 3, 1),
         )
 
 
@@ -72,13 +74,14 @@ class LaunchSession:
         from lightning_srifty.io.checkpoint_store import open_store
 
         self.settings = settings
-        self.store = open_store(settings.checkpoint_uri)
-        self.watcher = PreemptionWatcher() if settings.mode == proto.MODE_TRAIN else None
+        self.store = open_store(settings.checkpoint_uri, keep=settings.keep_checkpoints)
+        self.watcher = PreemptionWatcher(os.environ) if settings.mode == proto.MODE_TRAIN else None
         self.resumed_from = ""
         self._last_ckpt_time = time.monotonic()
         self._last_report_time = time.monotonic()
         self._last_report_step = 0
-        self._started = False
+        self._first_step = 0
+        self._train_started_at: float | None = None
 
     # ----------------------------------------------------------- lifecycle
     def setup(self, trainer: pl.Trainer) -> None:
@@ -90,12 +93,21 @@ class LaunchSession:
             path, checkpoint_id = restored
             install_auto_resume(trainer, path)
             self.resumed_from = checkpoint_id
-        if self.watcher is not None:
-            self.watcher.start()
+        target = self.settings.target_steps
+        if target is not None and self.settings.mode == proto.MODE_TRAIN:
+            # The launcher's target replaces the script's own limits; Lightning has
+            # already parsed them into the fit loop, which reads them from here on.
+            trainer.fit_loop.epoch_loop.max_steps = target
+            trainer.fit_loop.max_epochs = -1
 
     def on_train_start(self, trainer: pl.Trainer) -> None:
+        if self.watcher is not None:
+            # After Lightning installed its SIGTERM handler, so ours takes the signal.
+            self.watcher.start()
         step = int(trainer.global_step)
         self._last_report_step = step
+        self._first_step = step
+        self._train_started_at = time.monotonic()
         self._report(
             trainer,
             "resumed" if self.resumed_from else "start",
@@ -103,7 +115,6 @@ class LaunchSession:
             0.0,
             checkpoint=self.resumed_from,
         )
-        self._started = True
 
     def after_step(self, trainer: pl.Trainer) -> None:
         """Called at every batch end: progress, target, preemption, periodic save."""
@@ -133,8 +144,16 @@ class LaunchSession:
 
     def on_train_end(self, trainer: pl.Trainer) -> None:
         if self.settings.mode == proto.MODE_TRAIN:
+            mean_step_s = self._mean_step_s(trainer)
             self.save(trainer, "final")
-            self._report(trainer, "done", int(trainer.global_step), 0.0)
+            self._report(trainer, "done", int(trainer.global_step), mean_step_s)
+
+    def _mean_step_s(self, trainer: pl.Trainer) -> float:
+        """Mean step time of this attempt so far (0 before the first step)."""
+        steps = int(trainer.global_step) - self._first_step
+        if steps <= 0 or self._train_started_at is None:
+            return 0.0
+        return (time.monotonic() - self._train_started_at) / steps
 
     def close(self) -> None:
         if self.watcher is not None:
@@ -155,12 +174,20 @@ class LaunchSession:
         from lightning_srifty.capture.preemption import agree_across_ranks
 
         assert self.watcher is not None
-        return agree_across_ranks(self.watcher.should_checkpoint())
+        return agree_across_ranks(trainer, self.watcher.should_checkpoint())
 
     def _emergency_exit(self, trainer: pl.Trainer) -> None:
         from lightning_srifty.capture.preemption import finish_preempted
 
+        assert self.watcher is not None
         checkpoint_id = self.save(trainer, "emergency")
+        took = time.monotonic() - (self.watcher.noticed_at or time.monotonic())
+        if trainer.is_global_zero:
+            print(
+                f"srifty: {self.watcher.reason or 'preemption notice'}; emergency checkpoint "
+                f"{checkpoint_id} at step {trainer.global_step}, {took:.1f} s after the notice",
+                file=sys.stderr,
+            )
         self._report(trainer, "preempted", int(trainer.global_step), 0.0, checkpoint=checkpoint_id)
         code = finish_preempted(self.settings.state_dir)
         self.close()

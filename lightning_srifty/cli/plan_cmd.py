@@ -32,6 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "the plans that meet the deadline/budget.",
     )
     p.add_argument("--profile", required=True, help="profile JSON written by SriftyCallback")
+    add_planning_arguments(p)
+    p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    p.add_argument("--json", action="store_true", help="print versioned JSON")
+    p.add_argument("--plot", metavar="PNG", help="write the time-cost Pareto front here")
+    p.set_defaults(func=run)
+
+
+def add_planning_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that describe what to plan for; shared by ``srifty plan`` and ``srifty-launch``."""
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--target-steps", type=int, help="optimizer steps to train")
     target.add_argument("--epochs", type=float, help="epochs to train (needs a dataset size)")
@@ -56,10 +65,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="least probability a spot plan meets the deadline (0.9)")  # fmt: skip
     p.add_argument("--catalog", default="auto", help=f"one of {', '.join(CATALOG_SOURCES)}")
     p.add_argument("--calibration", help="calibration JSON from `srifty calibrate`")
-    p.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
-    p.add_argument("--json", action="store_true", help="print versioned JSON")
-    p.add_argument("--plot", metavar="PNG", help="write the time-cost Pareto front here")
-    p.set_defaults(func=run)
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
@@ -101,18 +106,10 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
 
 
 def load_offers(source: str, profiled_on: str) -> tuple[tuple[Offer, ...], dict[str, GpuSpec]]:
-    """Offers the job can train on, and the GPU spec table (files: read here, not in core).
+    """Offers the job can train on and the GPU spec table (read in io, not here)."""
+    from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
 
-    Trainable CUDA GPUs from the catalog, plus the accelerator the profile was taken on
-    even if it is not one (a profile from Trainium plans on Trainium).
-    """
-    from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
-
-    catalog = load_catalog(source)
-    offers = catalog.gpu_offers() + tuple(
-        o for o in catalog.offers if o.accelerator == profiled_on and not catalog.is_trainable(o)
-    )
-    return offers, load_gpu_specs()
+    return planning_offers(source, profiled_on), load_gpu_specs()
 
 
 def plan_from_args(

@@ -25,6 +25,8 @@ ENV_CHECKPOINT_URI = "SRIFTY_CHECKPOINT_URI"
 ENV_TARGET_STEPS = "SRIFTY_TARGET_STEPS"
 ENV_PROGRESS_PATH = "SRIFTY_PROGRESS_PATH"
 ENV_CHECKPOINT_INTERVAL_S = "SRIFTY_CHECKPOINT_INTERVAL_S"
+ENV_KEEP_CHECKPOINTS = "SRIFTY_KEEP_CHECKPOINTS"
+"""How many checkpoints the store retains (default 3)."""
 ENV_STATE_DIR = "SRIFTY_STATE_DIR"
 """Per-attempt folder; the callback drops markers (attached, preempted) here."""
 ENV_S3_ENDPOINT_URL = "SRIFTY_S3_ENDPOINT_URL"
@@ -35,6 +37,8 @@ ATTACHED_MARKER = "callback-attached"
 """Written at setup, so the launcher can tell "no callback" from "crashed early"."""
 PREEMPTED_MARKER = "preempted"
 """Written after an emergency checkpoint on a preemption notice."""
+PREEMPTED_EXIT_CODE = 75
+"""The job's exit status after an emergency checkpoint (``EX_TEMPFAIL``: try again)."""
 
 PROGRESS_EVENTS = ("start", "resumed", "step", "checkpoint", "profile-done", "done", "preempted")
 

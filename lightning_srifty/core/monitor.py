@@ -41,9 +41,13 @@ class Snapshot:
     """``""`` while within the interval, else ``"slower"`` or ``"faster"``."""
 
 
+TIMED_EVENTS = ("step", "done")
+"""Events whose ``step_s`` is a measurement (``done`` carries the attempt's mean)."""
+
+
 def measured_step_time(events: Sequence[ProgressEvent], window: int = 5) -> float | None:
-    """Median step time over the last ``window`` step reports (None until the first)."""
-    samples = [e.step_s for e in events if e.event == "step" and e.step_s > 0]
+    """Median step time over the last ``window`` timed reports (None until the first)."""
+    samples = [e.step_s for e in events if e.event in TIMED_EVENTS and e.step_s > 0]
     if not samples:
         return None
     return float(statistics.median(samples[-window:]))

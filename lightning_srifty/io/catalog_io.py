@@ -105,6 +105,18 @@ def load_catalog(
     return Catalog(offers, label, trainable)
 
 
+def planning_offers(source: str, profiled_on: str) -> tuple[Offer, ...]:
+    """Offers a job profiled on ``profiled_on`` can train on.
+
+    Trainable CUDA GPUs from the catalog, plus the accelerator the profile was taken on
+    even if it is not one (a profile from Trainium plans on Trainium).
+    """
+    catalog = load_catalog(source)
+    return catalog.gpu_offers() + tuple(
+        o for o in catalog.offers if o.accelerator == profiled_on and not catalog.is_trainable(o)
+    )
+
+
 def load_gpu_specs(path: str | os.PathLike[str] | None = None) -> dict[str, GpuSpec]:
     """Published peak figures per accelerator name (bundled table when ``path`` is None)."""
     return _load_gpu_table(path)[0]

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Plan
 
 # Exit code a job uses after saving an emergency checkpoint on a preemption notice,
 # so the controller can tell "preempted, state saved" from "crashed".
-PREEMPTED_EXIT_CODE = 75
+PREEMPTED_EXIT_CODE = proto.PREEMPTED_EXIT_CODE
 
 
 class JobState(enum.Enum):

@@ -89,6 +89,10 @@ class PreemptionSource(Protocol):
 
     def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool: ...
 
+    def mean_time_between_s(self) -> float | None:
+        """Mean wall seconds between revocations (for Young/Daly); None: never."""
+        ...
+
 
 @dataclass
 class ProgressFile:
@@ -145,13 +149,17 @@ class Controller:
     cooldown_attempts: int = 2
     """Attempts during which a preempted offer stays excluded from re-planning."""
     checkpoint_interval_s: float | None = None
+    """Overrides the plan's Young/Daly interval (local runs with injected preemptions)."""
+    progress_is_local: bool = True
+    """The job's progress file is readable here (local backend); on cloud VMs it is not."""
 
     def env_for(self, attempt: int, plan: Plan) -> dict[str, str]:
         env = dict(self.extra_env)
         env[proto.ENV_MODE] = proto.MODE_TRAIN
         env[proto.ENV_CHECKPOINT_URI] = self.checkpoint_uri
         env[proto.ENV_TARGET_STEPS] = str(self.target_steps)
-        env[proto.ENV_PROGRESS_PATH] = str(self.progress_path(attempt))
+        if self.progress_is_local:
+            env[proto.ENV_PROGRESS_PATH] = str(self.progress_path(attempt))
         interval = self.checkpoint_interval_s or plan.checkpoint_interval_s
         if interval:
             env[proto.ENV_CHECKPOINT_INTERVAL_S] = f"{interval:.3f}"
@@ -256,9 +264,10 @@ class Controller:
                     preempt(handle, grace_s=self.grace_s)
                     continue
                 time.sleep(self.poll_s)
-        except BaseException:
+        finally:
+            # Finished, failed or preempted: release what is left (billing stops; a
+            # half-preempted cluster is torn down before the job moves elsewhere).
             self.backend.stop(handle)
-            raise
         progress.poll()
         return AttemptReport(plan, state, tuple(progress.events), time.monotonic() - t0, expect)
 

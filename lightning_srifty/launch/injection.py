@@ -31,6 +31,9 @@ class EveryInterval:
     def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool:
         return attempt_elapsed_s >= self.seconds
 
+    def mean_time_between_s(self) -> float | None:
+        return self.seconds
+
 
 @dataclass(frozen=True)
 class TraceReplay:
@@ -58,6 +61,14 @@ class TraceReplay:
 
     def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool:
         return not bool(self.available[self.tick_at(total_elapsed_s)])
+
+    def mean_time_between_s(self) -> float | None:
+        """Mean length of the trace's available runs, in wall seconds (None: no outage)."""
+        up = self.available.astype(bool)
+        starts_of_outages = int(np.count_nonzero(up[:-1] & ~up[1:]))
+        if starts_of_outages == 0:
+            return None
+        return float(np.count_nonzero(up)) * self.gap_s / self.time_scale / starts_of_outages
 
     def first_outage_s(self) -> float | None:
         """Wall seconds until the trace first shows the zone unavailable (None: never)."""

@@ -128,6 +128,32 @@ def prepare_offline_runtime(root: str | os.PathLike[str]) -> OfflineRuntime:
     return runtime
 
 
+def skypilot_catalog_file(env: Mapping[str, str]) -> Path:
+    """Where SkyPilot keeps its AWS catalog, computed without importing ``sky``."""
+    base = env.get("SKY_RUNTIME_DIR") or env.get("HOME") or str(Path.home())
+    return Path(base).expanduser() / ".sky" / "catalogs" / CATALOG_SCHEMA_VERSION / "aws/vms.csv"
+
+
+def use_bundled_catalog_if_missing(root: str | os.PathLike[str]) -> OfflineRuntime | None:
+    """Points this process's SkyPilot at the bundled catalog when it has none of its own.
+
+    Building ``sky.Resources`` validates instance types against SkyPilot's catalog and
+    downloads it when it is missing, which fails offline. When SkyPilot has no local AWS
+    catalog and ``sky`` is not imported yet, this seeds a private runtime under ``root``
+    with the bundled snapshot and sets only ``SKY_RUNTIME_DIR`` (credentials and
+    ``HOME`` stay as they are, for the checkpoint store and the user's script). A user
+    whose SkyPilot has a catalog keeps using it, untouched.
+
+    Returns:
+        The runtime now in use, or ``None`` when SkyPilot's own catalog is used.
+    """
+    if skypilot_catalog_file(os.environ).is_file() or "sky" in sys.modules:
+        return None
+    runtime = prepare_offline_runtime(root)
+    os.environ["SKY_RUNTIME_DIR"] = str(runtime.runtime_dir)
+    return runtime
+
+
 def activate_in_process(runtime: OfflineRuntime) -> None:
     """Points this process's SkyPilot at ``runtime``; call before anything imports ``sky``.
 

@@ -1,0 +1,380 @@
+"""``srifty-launch``'s journey: profile → plan → confirm → relaunch → watch → resume.
+
+This module joins the stages; each stage lives elsewhere (profiling run, planner,
+backends, controller). It owns no UI: the CLI passes a :class:`LauncherUI` that prints
+and asks. That keeps the flow testable end to end with a silent UI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
+from lightning_srifty.core.errors import ConfigError, InfeasibleError, LaunchError
+from lightning_srifty.core.monitor import Expectation, Snapshot
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.planner import PlanRequest, PlanResult, plan
+from lightning_srifty.core.profile import Profile
+from lightning_srifty.core.spot import young_daly_interval
+from lightning_srifty.launch.backend import Backend
+from lightning_srifty.launch.controller import Controller, Migration, PreemptionSource, RunSummary
+from lightning_srifty.launch.feedback import RanOn, write_feedback
+from lightning_srifty.launch.local_backend import LocalBackend, LocalTopology
+from lightning_srifty.launch.profiling import ProfileRun, run_profile
+
+if TYPE_CHECKING:
+    from lightning_srifty.io.checkpoint_store import CheckpointStore
+
+BACKENDS = ("local", "sky")
+LOOPBACK_GBPS = 40.0
+"""Nominal bandwidth of gloo over loopback, for predicting local runs."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Everything ``srifty-launch`` was asked to do, validated by the CLI."""
+
+    script: str
+    script_args: tuple[str, ...]
+    request: PlanRequest
+    backend: str = "local"
+    checkpoint_uri: str | None = None
+    keep_checkpoints: int = 3
+    run_dir: Path = Path("srifty_runs/latest")
+    dry_run: bool = False
+    assume_yes: bool = False
+    catalog: str = "auto"
+    calibration: Path | None = None
+    preemptions: PreemptionSource | None = None
+    grace_s: float = 20.0
+    local_max_nodes: int = 2
+    local_max_procs: int = 2
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(
+                f"--backend {self.backend!r} is not valid: use one of {', '.join(BACKENDS)}"
+            )
+        if self.preemptions is not None and self.backend != "local":
+            raise ConfigError("--preempt-every/--preempt-trace work only with --backend local")
+
+
+class LauncherUI(Protocol):
+    """What the launcher shows and asks; the CLI implements it with rich."""
+
+    def info(self, message: str) -> None: ...
+
+    def show_profile(self, run: ProfileRun) -> None: ...
+
+    def show_plan(self, result: PlanResult, request: PlanRequest) -> None: ...
+
+    def confirm(self, plan: Plan) -> bool: ...
+
+    def show_dry_run(self, report: Any) -> None: ...
+
+    def progress(self, plan: Plan, snap: Snapshot, expect: Expectation) -> None: ...
+
+    def migration(self, move: Migration) -> None: ...
+
+    def summary(self, outcome: LaunchOutcome) -> None: ...
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """What the whole launch did."""
+
+    profile: ProfileRun
+    plan_result: PlanResult
+    run: RunSummary | None
+    """``None`` on a dry run."""
+    local_topology: LocalTopology | None = None
+    notes: tuple[str, ...] = field(default=())
+
+
+def default_checkpoint_uri(run_dir: Path) -> str:
+    return str((run_dir / "checkpoints").resolve())
+
+
+def load_planning_inputs(
+    options: LaunchOptions, profiled_on: str
+) -> tuple[tuple[Offer, ...], PerformanceModel]:
+    """Catalog offers and the performance model (files are read here, once)."""
+    from lightning_srifty.io.calibration_io import load_calibration
+    from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
+
+    offers = planning_offers(options.catalog, profiled_on)
+    calibration = load_calibration(options.calibration) if options.calibration else None
+    return offers, PerformanceModel(load_gpu_specs(), calibration)
+
+
+def local_cluster(profile: Profile, topology: LocalTopology) -> Cluster:
+    """The processes a local run really uses, as a cluster the model can predict."""
+    env = profile.environment
+    offer = Offer(
+        instance_type="local",
+        accelerator=env.accelerator,
+        accelerator_count=topology.procs_per_node,
+        gpu_memory_gib=1e6,
+        vcpus=1.0,
+        memory_gib=1e6,
+        region="local",
+        zone="local",
+        ondemand_price=0.0,
+        spot_price=None,
+        intra_node_link="PCIe" if topology.procs_per_node > 1 else "none",
+        network_gbps=LOOPBACK_GBPS,
+    )
+    return Cluster((ClusterGroup(offer, topology.nodes, topology.procs_per_node),))
+
+
+def run_launch(
+    options: LaunchOptions, ui: LauncherUI, *, backend: Backend | None = None
+) -> LaunchOutcome:
+    """Runs the whole journey; raises :class:`SriftyError` subclasses on user problems.
+
+    Args:
+        options: What the user asked for.
+        ui: Shows progress and asks for confirmation.
+        backend: Replaces the backend ``options.backend`` names (tests pass a SkyPilot
+            backend whose SDK cannot provision).
+    """
+    run_dir = options.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    uri = options.checkpoint_uri or default_checkpoint_uri(run_dir)
+    remote = options.backend == "sky"
+    if remote and not options.dry_run and not uri.startswith("s3://"):
+        raise ConfigError(
+            f"--backend sky needs --checkpoint-uri s3://bucket/prefix (got {uri!r}): cloud "
+            "VMs, and the VMs a job migrates to, cannot read this machine's directories"
+        )
+    store = _check_store(uri, options.keep_checkpoints)
+    if remote and options.dry_run:
+        from lightning_srifty.launch.sky_runtime import use_bundled_catalog_if_missing
+
+        use_bundled_catalog_if_missing(run_dir / "sky" / "offline-runtime")
+        if not uri.startswith("s3://"):
+            ui.info(
+                f"note: the task YAML names checkpoint directory {uri}; a real launch needs "
+                "--checkpoint-uri s3://bucket/prefix"
+            )
+    backend = backend or _make_backend(options, uri)
+    if remote and not options.dry_run:
+        check = getattr(backend, "check_credentials", None)
+        if check is not None:
+            check()  # before profiling: do not make the user wait to be refused
+    job_env = {proto.ENV_KEEP_CHECKPOINTS: str(options.keep_checkpoints)}
+    endpoint = os.environ.get(proto.ENV_S3_ENDPOINT_URL)
+    if endpoint:
+        job_env[proto.ENV_S3_ENDPOINT_URL] = endpoint  # an address, not a secret
+
+    ui.info(f"profiling {options.script} on this machine (checkpoints: {uri})")
+    profiled = run_profile(
+        options.script, options.script_args, run_dir=run_dir, checkpoint_uri=uri, extra_env=job_env
+    )
+    ui.show_profile(profiled)
+    profile = profiled.profile
+    checkpoint_s = measured_checkpoint_s(store)
+
+    offers, model = load_planning_inputs(options, profile.environment.accelerator)
+    request = options.request
+    if request.checkpoint_cost_s is None and checkpoint_s is not None:
+        request = dataclasses.replace(request, checkpoint_cost_s=checkpoint_s)
+    result = plan(profile, offers, model, request)
+    ui.show_plan(result, request)
+    chosen = result.best
+    if not options.dry_run and not options.assume_yes and not ui.confirm(chosen):
+        raise LaunchError("plan not confirmed; nothing was launched (use --yes to skip asking)")
+
+    target = int(result.target_steps_at_base)
+    local = backend if isinstance(backend, LocalBackend) else None
+    topology = local.topology_for(chosen.cluster) if local is not None else None
+    interval_s = _checkpoint_interval_s(options.preemptions, checkpoint_s)
+    controller = Controller(
+        backend=backend,
+        extra_env=job_env,
+        script=_script_for(options, backend),
+        script_args=options.script_args,
+        run_dir=run_dir,
+        checkpoint_uri=uri,
+        target_steps=target,
+        replanner=lambda **kw: _replan(profile, offers, model, request, **kw),
+        expectation_for=lambda p: _expectation(p, profile, model, local, target),
+        preemptions=options.preemptions,
+        on_migration=ui.migration,
+        grace_s=options.grace_s,
+        checkpoint_interval_s=interval_s,
+        progress_is_local=local is not None,
+    )
+
+    if options.dry_run:
+        report = _dry_run(controller, chosen, run_dir) if remote else None
+        ui.show_dry_run(report)
+        return LaunchOutcome(profiled, result, None, topology)
+
+    fed_back: set[Plan] = set()
+
+    def on_update(p: Plan, snap: Snapshot) -> None:
+        expect = controller.expectation_for(p)
+        ui.progress(p, snap, expect)
+        if snap.drift and snap.measured_step_s and p not in fed_back:
+            fed_back.add(p)
+            path = write_feedback(
+                run_dir / "calibration",
+                profile,
+                _ran_on(p, backend),
+                snap.measured_step_s,
+                attempt=len(fed_back),
+            )
+            ui.info(
+                f"measured step {snap.measured_step_s * 1e3:.1f} ms is {snap.drift} than "
+                f"predicted {expect.step_s * 1e3:.1f} ms "
+                f"[{expect.low_s * 1e3:.1f}, {expect.high_s * 1e3:.1f}]; "
+                f"calibration data written to {path} (use: srifty calibrate --profiles)"
+            )
+
+    controller.on_update = on_update
+    shape = (
+        f" as {topology.nodes} node(s) x {topology.procs_per_node} process(es)" if topology else ""
+    )
+    ui.info(f"launching on {chosen.cluster.describe()} via the {backend.name} backend{shape}")
+    summary = controller.run(chosen)
+    outcome = LaunchOutcome(profiled, result, summary, topology)
+    ui.summary(outcome)
+    return outcome
+
+
+def measured_checkpoint_s(store: CheckpointStore) -> float | None:
+    """Seconds the profiling run's checkpoint took to save and upload (None if unknown)."""
+    refs = store.refs()
+    if not refs:
+        return None
+    extra = refs[0].extra
+    total = float(extra.get("save_s", 0.0) or 0.0) + float(extra.get("upload_s", 0.0) or 0.0)
+    return total if total > 0 else None
+
+
+def _checkpoint_interval_s(
+    preemptions: PreemptionSource | None, checkpoint_s: float | None
+) -> float | None:
+    """Young/Daly for the injected preemptions of a local run; ``None``: the plan's own."""
+    mtbf = getattr(preemptions, "mean_time_between_s", None)
+    if mtbf is None or checkpoint_s is None:
+        return None
+    seconds = mtbf()
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return young_daly_interval(checkpoint_s / 3600.0, seconds / 3600.0) * 3600.0
+
+
+def _expectation(
+    p: Plan,
+    profile: Profile,
+    model: PerformanceModel,
+    local: LocalBackend | None,
+    target: int,
+) -> Expectation:
+    """What the plan promises on the hardware that really runs it."""
+    if local is not None:
+        run = model.predict(profile, local_cluster(profile, local.topology_for(p.cluster)))
+        return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
+    return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
+
+
+def _script_for(options: LaunchOptions, backend: Backend) -> str:
+    """The script path as the nodes see it (relative to the synced workdir on SkyPilot)."""
+    if isinstance(backend, LocalBackend):
+        return options.script
+    return Path(options.script).name
+
+
+def _ran_on(p: Plan, backend: Backend) -> RanOn:
+    """The hardware that really runs ``p`` (this machine's processes, locally)."""
+    if isinstance(backend, LocalBackend):
+        topology = backend.topology_for(p.cluster)
+        return RanOn(None, None, topology.nodes, topology.procs_per_node)
+    group = p.cluster.groups[0]
+    if len(p.cluster.groups) == 1:
+        return RanOn(
+            group.offer.instance_type, group.offer.region, group.nodes, group.gpus_per_node
+        )
+    return RanOn(None, group.offer.region, p.cluster.nodes, group.gpus_per_node)
+
+
+def _replan(
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+    remaining_steps: int,
+    elapsed_h: float,
+    excluded: frozenset[tuple[str, str]],
+) -> Plan:
+    """Best plan for the remaining steps and time, without the offers cooling down.
+
+    When no spot plan can still make the deadline, on-demand is what remains; when
+    nothing can, the fastest plan is taken (finishing late beats not finishing).
+    """
+    usable = [o for o in offers if (o.instance_type, o.zone) not in excluded]
+    deadline = None if request.deadline_h is None else max(request.deadline_h - elapsed_h, 1e-3)
+    again = dataclasses.replace(
+        request,
+        target_steps=max(remaining_steps, 1),
+        epochs=None,
+        deadline_h=deadline,
+        budget_usd=None,
+    )
+    try:
+        return plan(profile, usable, model, again).best
+    except InfeasibleError:
+        fastest = dataclasses.replace(again, deadline_h=None, objective="time")
+        return plan(profile, usable, model, fastest).best
+
+
+def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:
+    if options.backend == "local":
+        return LocalBackend(
+            options.run_dir,
+            max_nodes=options.local_max_nodes,
+            max_procs=options.local_max_procs,
+        )
+    from lightning_srifty.launch.sky_backend import SkyBackend
+
+    # SkyPilot syncs the script's folder to every node and runs the script from there.
+    workdir = str(Path(options.script).resolve().parent)
+    return SkyBackend(workdir=workdir, checkpoint_uri=checkpoint_uri)
+
+
+def _dry_run(controller: Controller, chosen: Plan, run_dir: Path) -> Any:
+    """The task YAML a real launch would submit, priced by SkyPilot's optimizer offline."""
+    from lightning_srifty.launch.sky_backend import SkyBackend, build_tasks, dry_run
+
+    backend = controller.backend
+    assert isinstance(backend, SkyBackend)
+    tasks = build_tasks(
+        chosen,
+        script=controller.script,
+        script_args=list(controller.script_args),
+        checkpoint_uri=controller.checkpoint_uri,
+        envs=controller.env_for(1, chosen),
+        workdir=backend.workdir,
+        setup=backend.setup,
+        pin_zone=True,
+    )
+    return dry_run(tasks, run_dir / "sky")
+
+
+def _check_store(uri: str, keep: int) -> CheckpointStore:
+    """Fails fast (one line) when the checkpoint store cannot be reached."""
+    from lightning_srifty.io.checkpoint_store import open_store
+
+    store = open_store(uri, keep=keep)
+    store.check()
+    return store

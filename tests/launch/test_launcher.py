@@ -1,0 +1,286 @@
+"""srifty-launch end to end: real profiling run, planner, local backend, checkpoint stores."""
+
+from __future__ import annotations
+
+import json
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_srifty.cli import launch_cmd
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.errors import ConfigError, CredentialsError
+from lightning_srifty.core.launch_protocol import ProgressEvent
+from lightning_srifty.core.planner import PlanRequest
+from lightning_srifty.io.checkpoint_store import open_store
+from lightning_srifty.launch.launcher import LaunchOptions, run_launch
+from tests.conftest import REPO_ROOT, S3_TEST_ENV
+from tests.fakes import FakeSkySdk, RecordingUI
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = REPO_ROOT / "examples"
+TRAIN_DIGITS = EXAMPLES / "train_digits.py"
+ODD_ARGS = ("two words", "$HOME", "; echo pwned", "*", "--not-a-flag-of-ours", "")
+
+
+def argv_recording_script(tmp_path: Path) -> Path:
+    """The digits example, plus a record of the exact argv each run received."""
+    script = tmp_path / "train_recording.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, os, sys
+            sys.path.insert(0, {str(EXAMPLES)!r})
+            from train_digits import main
+            mode = os.environ.get("SRIFTY_MODE", "none")
+            with open({str(tmp_path / "argv.jsonl")!r}, "a") as fh:
+                fh.write(json.dumps([mode, sys.argv[1:]]) + "\\n")
+            sys.exit(main(["--default-root-dir", {str(tmp_path / "root")!r}, "--hidden", "64"]))
+            """
+        )
+    )
+    return script
+
+
+def _events(path: Path) -> list[ProgressEvent]:
+    return [ProgressEvent.from_line(line) for line in path.read_text().splitlines() if line]
+
+
+def _options(tmp_path: Path, script: Path, **overrides: object) -> LaunchOptions:
+    values: dict[str, object] = {
+        "script": str(script),
+        "script_args": (),
+        "request": PlanRequest(target_steps=90, top_k=3),
+        "backend": "local",
+        "run_dir": tmp_path / "run",
+        "assume_yes": True,
+        "catalog": "bundled",
+    }
+    values.update(overrides)
+    return LaunchOptions(**values)  # type: ignore[arg-type]
+
+
+def test_full_loop_resumes_at_the_exact_profile_step(tmp_path: Path) -> None:
+    script = argv_recording_script(tmp_path)
+    ui = RecordingUI()
+    outcome = run_launch(_options(tmp_path, script, script_args=ODD_ARGS), ui)
+
+    run_dir = tmp_path / "run"
+    profile_events = _events(run_dir / "profile-progress.jsonl")
+    stopped = next(e for e in profile_events if e.event == "profile-done")
+    profile_ckpt = next(e for e in profile_events if e.event == "checkpoint")
+    assert profile_ckpt.step == stopped.step > 0
+
+    assert outcome.run is not None
+    first = outcome.run.attempts[0]
+    resumed = next(e for e in first.events if e.event == "resumed")
+    assert resumed.step == stopped.step  # training continued exactly where profiling stopped
+    assert resumed.checkpoint == profile_ckpt.checkpoint == first.resumed_from
+    assert outcome.run.steps_done == 90
+    assert ui.summaries and ui.plans and ui.profiles
+
+    store = open_store(str(run_dir / "checkpoints"))
+    newest = store.refs()[0]
+    assert newest.step == 90 and newest.reason == "final"
+    found = store.fetch_latest(tmp_path / "restore")
+    assert found is not None
+    checkpoint = torch.load(found[0], weights_only=True)  # no pickled objects needed
+    assert checkpoint["global_step"] == 90
+
+    runs = [json.loads(line) for line in (tmp_path / "argv.jsonl").read_text().splitlines()]
+    assert [mode for mode, _ in runs] == ["profile", "train"]
+    assert all(argv == list(ODD_ARGS) for _, argv in runs)  # no shell touched them
+
+
+def test_full_loop_on_s3_writes_no_credentials(s3_uri: str, tmp_path: Path) -> None:
+    script = argv_recording_script(tmp_path)
+    outcome = run_launch(_options(tmp_path, script, checkpoint_uri=s3_uri), RecordingUI())
+    assert outcome.run is not None and outcome.run.steps_done == 90
+    assert open_store(s3_uri).refs()[0].step == 90
+    secrets = (S3_TEST_ENV["AWS_SECRET_ACCESS_KEY"], S3_TEST_ENV["AWS_ACCESS_KEY_ID"])
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert written
+    for path in written:
+        text = path.read_bytes()
+        assert not any(secret.encode() in text for secret in secrets), path
+
+
+def test_refused_confirmation_launches_nothing(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="plan not confirmed"):
+        run_launch(_options(tmp_path, TRAIN_DIGITS, assume_yes=False), RecordingUI(False))
+    assert not list((tmp_path / "run").glob("progress-*.jsonl"))
+
+
+def test_sky_backend_launches_real_tasks_through_the_sdk(
+    s3_uri: str, tmp_path: Path, sky_offline: object
+) -> None:
+    from sky.skylet import job_lib
+
+    from lightning_srifty.launch.sky_backend import SkyBackend
+
+    fake = FakeSkySdk()
+    fake.job_progression = [job_lib.JobStatus.RUNNING, job_lib.JobStatus.SUCCEEDED]
+    backend = SkyBackend(sdk=fake, workdir=str(EXAMPLES), checkpoint_uri=s3_uri)
+    options = _options(
+        tmp_path, TRAIN_DIGITS, backend="sky", checkpoint_uri=s3_uri, script_args=("--seed", "3")
+    )
+    outcome = run_launch(options, RecordingUI(), backend=backend)
+    assert outcome.run is not None
+    (name, task, _), *_ = fake.launched
+    envs = task.envs
+    assert envs[proto.ENV_MODE] == proto.MODE_TRAIN
+    assert envs[proto.ENV_CHECKPOINT_URI] == s3_uri
+    assert envs[proto.ENV_TARGET_STEPS] == "90"
+    assert proto.ENV_PROGRESS_PATH not in envs  # a path on this machine means nothing there
+    assert "train_digits.py --seed 3" in task.run
+    assert not any(secret in json.dumps(envs) for secret in S3_TEST_ENV.values())
+    best = outcome.plan_result.best
+    group = best.cluster.groups[0]
+    assert {(r.instance_type, r.use_spot) for r in task.resources} == {
+        (group.offer.instance_type, best.use_spot)
+    }
+    assert task.num_nodes == group.nodes
+    assert fake.downed == [name]  # billing stops once the job is done
+
+
+def test_sky_without_aws_is_refused_before_profiling(s3_uri: str, tmp_path: Path) -> None:
+    from lightning_srifty.launch.sky_backend import SkyBackend
+
+    backend = SkyBackend(sdk=FakeSkySdk(enabled=()), checkpoint_uri=s3_uri)
+    options = _options(tmp_path, TRAIN_DIGITS, backend="sky", checkpoint_uri=s3_uri)
+    with pytest.raises(CredentialsError, match="AWS is not enabled"):
+        run_launch(options, RecordingUI(), backend=backend)
+    assert not (tmp_path / "run" / "profile.json").exists()
+
+
+def test_sky_needs_an_s3_checkpoint_uri(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--backend sky needs --checkpoint-uri s3://"):
+        run_launch(_options(tmp_path, TRAIN_DIGITS, backend="sky"), RecordingUI())
+
+
+def test_dry_run_writes_yaml_that_skypilot_loads(
+    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sky
+
+    code = launch_cmd.main(
+        [str(TRAIN_DIGITS), "--target-steps", "200", "--backend", "sky", "--dry-run",
+         "--catalog", "bundled", "--run-dir", str(tmp_path / "run"), "--hidden", "32"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    yaml_path = tmp_path / "run" / "sky" / "task-0.yaml"
+    task = sky.Task.from_yaml(str(yaml_path))
+    assert task.envs[proto.ENV_TARGET_STEPS] == "200"
+    assert "train_digits.py --hidden 32" in task.run
+    report = json.loads((tmp_path / "run" / "sky" / "dry-run.json").read_text())
+    entry = report["entries"][0]
+    assert entry["sky_hourly_usd"] == pytest.approx(entry["our_hourly_usd"], rel=0.01)
+    assert "SkyPilot's optimizer" in out
+    assert not (tmp_path / "run" / "progress-1.jsonl").exists()  # nothing was launched
+
+
+# ------------------------------------------------------------------ one-line errors
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+CRASHING = """
+import sys
+sys.path.insert(0, {examples!r})
+import lightning.pytorch as pl
+from digits import DigitsDataModule, DigitsModule
+from lightning_srifty import SriftyCallback
+
+class Broken(DigitsModule):
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 3:
+            raise ValueError("boom in the user's training_step")
+        return super().training_step(batch, batch_idx)
+
+pl.Trainer(max_steps=50, callbacks=[SriftyCallback()], logger=False,
+           enable_checkpointing=False, default_root_dir={root!r}).fit(
+    Broken(hidden=16), DigitsDataModule())
+"""
+
+NO_CALLBACK = """
+import sys
+sys.path.insert(0, {examples!r})
+import lightning.pytorch as pl
+from digits import DigitsDataModule, DigitsModule
+
+pl.Trainer(max_steps=5, logger=False, enable_checkpointing=False,
+           default_root_dir={root!r}).fit(DigitsModule(hidden=16), DigitsDataModule())
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing-script", "script not found: "),
+        ("no-script", "no training script given"),
+        ("bad-deadline", "--deadline 'soon' is not a duration"),
+        ("bad-backend", "--backend 'gcp' is not valid"),
+        ("bad-procs", "--local-procs must be >= 1"),
+        ("unknown-option", "unknown srifty-launch option '--colour'"),
+        ("no-callback", "does not use SriftyCallback"),
+        ("crash", "crashed during profiling (exit code 1); its own traceback is above"),
+        ("unreachable-bucket", "S3 check failed for s3://srifty-unreachable/x"),
+        ("no-credentials", "no usable AWS credentials"),
+    ],
+)
+def test_failures_are_one_line_with_a_nonzero_exit(
+    case: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    run = ["--run-dir", str(tmp_path / "run"), "--yes", "--catalog", "bundled"]
+    target = ["--target-steps", "20"]
+    script = str(TRAIN_DIGITS)
+    args = [script, *target, *run]
+    if case == "missing-script":
+        args = [str(tmp_path / "nope.py"), *target, *run]
+    elif case == "no-script":
+        args = [*target, *run]
+    elif case == "bad-deadline":
+        args += ["--deadline", "soon"]
+    elif case == "bad-backend":
+        args += ["--backend", "gcp"]
+    elif case == "bad-procs":
+        args += ["--local-procs", "0"]
+    elif case == "unknown-option":
+        args = ["--colour", "red", *args]
+    elif case in ("no-callback", "crash"):
+        body = NO_CALLBACK if case == "no-callback" else CRASHING
+        path = tmp_path / f"{case}.py"
+        path.write_text(body.format(examples=str(EXAMPLES), root=str(tmp_path / "root")))
+        args = [str(path), *target, *run]
+    elif case == "unreachable-bucket":
+        monkeypatch.setenv("SRIFTY_S3_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+        for key, value in S3_TEST_ENV.items():
+            monkeypatch.setenv(key, value)
+        args += ["--checkpoint-uri", "s3://srifty-unreachable/x"]
+    elif case == "no-credentials":
+        monkeypatch.setenv("SRIFTY_S3_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        args += ["--checkpoint-uri", "s3://srifty-any/x"]
+
+    code = launch_cmd.main(args)
+    captured = capfd.readouterr()
+    assert code != 0
+    ours = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1, captured.err
+    assert message in ours[0]
+    if case == "crash":
+        assert "ValueError: boom in the user's training_step" in captured.err  # the script's own
+    else:
+        assert "Traceback" not in captured.err

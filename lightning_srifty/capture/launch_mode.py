@@ -7,9 +7,9 @@ Outside the launcher none of this runs. Under it, environment variables (see
   automatically (model, optimizer, schedulers, loop progress, RNG states);
 * **profile mode**: after the profiling window, save a checkpoint and stop cleanly;
 * **train mode**: stop at ``SRIFTY_TARGET_STEPS``, checkpoint every
-  ``SRIFTY_CHECKPOINT_INTERVAL_S`` seconds, and on a preemption notice (SIGTERM or the
-  EC2 spot notice) save an emergency checkpoint and exit with
-  :data:`PREEMPTED_EXIT_CODE`;
+  ``SRIFTY_CHECKPOINT_INTERVAL_S`` seconds (or ``SRIFTY_CHECKPOINT_EVERY_STEPS`` steps),
+  and on a preemption notice (SIGTERM or the EC2 spot notice) save an emergency
+  checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`;
 * **progress**: rank zero appends JSON lines to ``SRIFTY_PROGRESS_PATH``.
 """
 
@@ -42,6 +42,7 @@ class LaunchSettings:
     checkpoint_interval_s: float | None
     state_dir: Path | None
     keep_checkpoints: int = 3
+    checkpoint_every_steps: int | None = None
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> LaunchSettings | None:
@@ -63,6 +64,7 @@ class LaunchSettings:
             checkpoint_interval_s=_float(env, proto.ENV_CHECKPOINT_INTERVAL_S),
             state_dir=_path(env, proto.ENV_STATE_DIR),
             keep_checkpoints=max(_int(env, proto.ENV_KEEP_CHECKPOINTS) or 3, 1),
+            checkpoint_every_steps=_int(env, proto.ENV_CHECKPOINT_EVERY_STEPS) or None,
         )
 
 
@@ -78,6 +80,7 @@ class LaunchSession:
         self.watcher = PreemptionWatcher(os.environ) if settings.mode == proto.MODE_TRAIN else None
         self.resumed_from = ""
         self._last_ckpt_time = time.monotonic()
+        self._last_ckpt_step = 0
         self._last_report_time = time.monotonic()
         self._last_report_step = 0
         self._first_step = 0
@@ -106,6 +109,7 @@ class LaunchSession:
             self.watcher.start()
         step = int(trainer.global_step)
         self._last_report_step = step
+        self._last_ckpt_step = step
         self._first_step = step
         self._train_started_at = time.monotonic()
         self._report(
@@ -131,7 +135,10 @@ class LaunchSession:
             trainer.should_stop = True
             return
         interval = self.settings.checkpoint_interval_s
-        if interval and now - self._last_ckpt_time >= interval:
+        every = self.settings.checkpoint_every_steps
+        if (interval and now - self._last_ckpt_time >= interval) or (
+            every and step - self._last_ckpt_step >= every
+        ):
             self.save(trainer, "periodic")
 
     def on_profile_done(self, trainer: pl.Trainer) -> None:
@@ -165,6 +172,7 @@ class LaunchSession:
 
         checkpoint_id = save_to_store(trainer, self.store, reason=reason)
         self._last_ckpt_time = time.monotonic()
+        self._last_ckpt_step = int(trainer.global_step)
         self._report(
             trainer, "checkpoint", int(trainer.global_step), 0.0, checkpoint=checkpoint_id or ""
         )

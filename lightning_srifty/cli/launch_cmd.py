@@ -29,7 +29,7 @@ from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.monitor import Expectation, Snapshot, measured_step_time
 from lightning_srifty.core.planner import PlanRequest, PlanResult
-from lightning_srifty.core.units import format_hours, parse_duration
+from lightning_srifty.core.units import format_hours, format_money, parse_duration
 from lightning_srifty.launch.controller import Migration
 from lightning_srifty.launch.launcher import BACKENDS, LaunchOptions, LaunchOutcome, run_launch
 from lightning_srifty.launch.profiling import ProfileRun
@@ -239,8 +239,9 @@ class RichUI:
             table.add_row(
                 "ran locally as", f"{topo.nodes} node(s) x {topo.procs_per_node} process(es)"
             )
-        expected = final.expectation
-        measured = measured_step_time(final.events)
+        timed = [a for a in run.attempts if measured_step_time(a.events) is not None]
+        expected = (timed[-1] if timed else final).expectation
+        measured = measured_step_time(timed[-1].events) if timed else None
         table.add_row(
             "step time (predicted)",
             f"{expected.step_s * 1e3:.1f} ms [{expected.low_s * 1e3:.1f}, "
@@ -260,7 +261,7 @@ class RichUI:
                 f"(preempted at {move.step_at_preemption}), {move.lost_s:.1f} s lost",
             )
         table.add_row("wall time", format_hours(run.elapsed_s / 3600.0))
-        table.add_row("cost at plan prices", f"${run.cost_usd:,.4f}")
+        table.add_row("cost at plan prices", format_money(run.cost_usd))
         self.console.print(table)
 
     def _stop_live(self) -> None:

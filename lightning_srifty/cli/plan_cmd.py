@@ -17,7 +17,13 @@ from lightning_srifty.core.planner import (
     plan,
     result_to_dict,
 )
-from lightning_srifty.core.units import format_hours, parse_duration, parse_money
+from lightning_srifty.core.units import (
+    format_hours,
+    format_money,
+    format_seconds,
+    parse_duration,
+    parse_money,
+)
 
 CATALOG_SOURCES = ("bundled", "skypilot", "auto")
 
@@ -138,14 +144,16 @@ def plan_from_args(
 
 
 def _money(x: float) -> str:
-    return f"${x:,.2f}" if math.isfinite(x) else "—"
+    return format_money(x)
 
 
 def _gain(base: float, best: float, unit: str) -> str:
+    """What plan #1 saves over a baseline, with the share of the baseline's figure."""
     diff = base - best
+    share = f" ({diff / base:+.0%})" if base > 0 and math.isfinite(base) else ""
     if unit == "$":
-        return f"{'+' if diff >= 0 else '-'}${abs(diff):,.2f}"
-    return f"{diff:+.1f} h"
+        return f"{'+' if diff >= 0 else '-'}{format_money(abs(diff))}{share}"
+    return f"{'+' if diff >= 0 else '-'}{format_hours(abs(diff))}{share}"
 
 
 def print_table(result: PlanResult, request: PlanRequest) -> None:
@@ -174,7 +182,7 @@ def print_table(result: PlanResult, request: PlanRequest) -> None:
             "spot" if p.use_spot else "on-demand",
             zones,
             str(p.cluster.world_size),
-            f"{p.step_s:.3f} ± {spread:.3f} s",
+            f"{format_seconds(p.step_s)} ± {format_seconds(spread)}",
             format_hours(p.time_to_target_h),
             _money(p.cost_usd),
             _money(p.hourly_usd),

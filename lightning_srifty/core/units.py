@@ -57,8 +57,30 @@ def format_hours(hours: float) -> str:
     """``0.25`` -> ``"15 min"``, ``14.2`` -> ``"14.2 h"``, ``80`` -> ``"3.3 d"``."""
     if not math.isfinite(hours):
         return "never"
+    if hours * 60 < 1.0:
+        return f"{hours * 3600:.0f} s"
     if hours < 1.0:
         return f"{hours * 60:.0f} min"
     if hours < 72.0:
         return f"{hours:.1f} h"
     return f"{hours / 24:.1f} d"
+
+
+def format_seconds(seconds: float) -> str:
+    """A step time with a unit that keeps three figures: ``"1.72 ms"``, ``"0.412 s"``."""
+    if not math.isfinite(seconds):
+        return "—"
+    if abs(seconds) < 1.0:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds:.3g} s"
+
+
+def format_money(usd: float) -> str:
+    """Dollars with cents, or three significant figures below a dollar (tiny jobs)."""
+    if not math.isfinite(usd):
+        return "—"
+    sign = "-" if usd < 0 else ""
+    amount = abs(usd)
+    if amount >= 1.0 or amount == 0.0:
+        return f"{sign}${amount:,.2f}"
+    return f"{sign}${amount:.3g}"

@@ -9,9 +9,10 @@ the store. Every migration is logged with why, from where, to where and time los
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +56,12 @@ class AttemptReport:
     @property
     def last_step(self) -> int:
         return max((e.step for e in self.events), default=0)
+
+    @property
+    def finished(self) -> bool:
+        """The job reported ``done`` (target reached, final checkpoint saved), even if
+        the node was revoked while it was shutting down."""
+        return any(e.event == "done" for e in self.events)
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,16 @@ class Controller:
             env[proto.ENV_CHECKPOINT_INTERVAL_S] = f"{interval:.3f}"
         return env
 
+    @property
+    def migration_log(self) -> Path:
+        return self.run_dir / "migrations.jsonl"
+
+    def _log_migration(self, move: Migration) -> None:
+        """Appends one migration (why, from, to, time lost) to ``migrations.jsonl``."""
+        self.migration_log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.migration_log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(asdict(move), separators=(",", ":")) + "\n")
+
     def progress_path(self, attempt: int) -> Path:
         return self.run_dir / f"progress-{attempt}.jsonl"
 
@@ -177,13 +194,16 @@ class Controller:
         started = time.monotonic()
         cost = 0.0
         preempted_at: float | None = None
+        reached = 0
         for attempt in range(1, self.max_attempts + 1):
-            report = self._attempt(attempt, plan, started)
+            report = self._attempt(attempt, plan, started, reached)
+            reached = max(reached, report.last_step)
             attempts.append(report)
             cost += report.expectation.hourly_usd * report.elapsed_s / 3600.0
             if migrations and preempted_at is not None:
                 migrations[-1] = _with_resume(migrations[-1], report, preempted_at)
-            if report.state is JobState.SUCCEEDED:
+                self._log_migration(migrations[-1])
+            if report.state is JobState.SUCCEEDED or report.finished:
                 return RunSummary(
                     tuple(attempts),
                     tuple(migrations),
@@ -221,7 +241,7 @@ class Controller:
             plan = new_plan
         raise LaunchError(f"gave up after {self.max_attempts} attempts; logs are in {self.run_dir}")
 
-    def _attempt(self, attempt: int, plan: Plan, started: float) -> AttemptReport:
+    def _attempt(self, attempt: int, plan: Plan, started: float, start_step: int) -> AttemptReport:
         expect = self.expectation_for(plan)
         progress = ProgressFile(self.progress_path(attempt))
         progress.path.unlink(missing_ok=True)
@@ -244,14 +264,18 @@ class Controller:
                 if self.on_update:
                     self.on_update(
                         plan,
-                        snapshot(progress.events, expect, elapsed_s=now - t0, start_step=0),
+                        snapshot(
+                            progress.events, expect, elapsed_s=now - t0, start_step=start_step
+                        ),
                     )
                 if state.is_terminal:
                     break
                 made_progress = any(e.event == "step" for e in progress.events)
+                reached = max((e.step for e in progress.events), default=0)
                 if (
                     not injected
                     and made_progress
+                    and reached < self.target_steps
                     and self.preemptions is not None
                     and self.preemptions.should_preempt(now - t0, now - started)
                 ):

@@ -3,8 +3,10 @@
 ``--preempt-every S`` revokes each attempt once it has run ``S`` seconds and made
 progress. ``--preempt-trace FILE --time-scale X`` replays a real spot trace: wall
 time ``t`` maps to trace time ``t * X``, and the running attempt is revoked when the
-trace's zone turns unavailable. An attempt is never revoked before it reports a
-training step, so every attempt makes progress and the run always ends.
+trace's zone goes from available to unavailable while it runs (a revocation is that
+transition; an attempt started during an outage has, by then, moved elsewhere). An
+attempt is never revoked before it reports a training step, so every attempt makes
+progress and the run always ends.
 """
 
 from __future__ import annotations
@@ -57,10 +59,16 @@ class TraceReplay:
         )
 
     def tick_at(self, total_elapsed_s: float) -> int:
-        return int(total_elapsed_s * self.time_scale / self.gap_s) % len(self.available)
+        """The trace tick (not wrapped) at ``total_elapsed_s`` wall seconds."""
+        return int(total_elapsed_s * self.time_scale / self.gap_s)
 
     def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool:
-        return not bool(self.available[self.tick_at(total_elapsed_s)])
+        """True when the zone went from up to down since this attempt started."""
+        first = self.tick_at(max(total_elapsed_s - attempt_elapsed_s, 0.0))
+        last = self.tick_at(total_elapsed_s)
+        ticks = np.arange(first, last + 1)[-(len(self.available) + 1) :] % len(self.available)
+        up = self.available.astype(bool)[ticks]
+        return bool(np.any(up[:-1] & ~up[1:]))
 
     def mean_time_between_s(self) -> float | None:
         """Mean length of the trace's available runs, in wall seconds (None: no outage)."""

@@ -176,8 +176,16 @@ def run_launch(
         job_env[proto.ENV_S3_ENDPOINT_URL] = endpoint  # an address, not a secret
 
     ui.info(f"profiling {options.script} on this machine (checkpoints: {uri})")
+    profile_env = dict(job_env)
+    if isinstance(backend, LocalBackend):
+        # Profile with the thread count the local workers will train with.
+        profile_env.update(LocalBackend.thread_env())
     profiled = run_profile(
-        options.script, options.script_args, run_dir=run_dir, checkpoint_uri=uri, extra_env=job_env
+        options.script,
+        options.script_args,
+        run_dir=run_dir,
+        checkpoint_uri=uri,
+        extra_env=profile_env,
     )
     ui.show_profile(profiled)
     profile = profiled.profile

@@ -98,6 +98,15 @@ class LocalBackend:
         self.python = python
         self._launches = 0
 
+    @staticmethod
+    def thread_env() -> dict[str, str]:
+        """One intra-op thread per process (unless the user chose), as workers get it.
+
+        Several local "GPUs" share this machine's cores; more threads than cores per
+        process make tiny ops wait on each other and step times meaningless.
+        """
+        return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
     def topology_for(self, cluster: Cluster) -> LocalTopology:
         return map_topology(cluster, max_nodes=self.max_nodes, max_procs=self.max_procs)
 
@@ -210,7 +219,7 @@ def _job_env(
     env["SRIFTY_NUM_NODES"] = str(topology.nodes)
     env["SRIFTY_NODE_RANK"] = str(node_rank)
     env["SRIFTY_PROCS_PER_NODE"] = str(topology.procs_per_node)
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(LocalBackend.thread_env())
     return env
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from lightning_srifty.core.errors import ConfigError
-from lightning_srifty.core.units import format_hours, parse_duration, parse_money
+from lightning_srifty.core.units import (
+    format_hours,
+    format_money,
+    format_seconds,
+    parse_duration,
+    parse_money,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,3 +52,15 @@ def test_format_hours_picks_a_readable_unit() -> None:
     assert format_hours(14.24) == "14.2 h"
     assert format_hours(96.0) == "4.0 d"
     assert format_hours(float("inf")) == "never"
+    assert format_hours(10 / 3600) == "10 s"
+
+
+def test_format_seconds_and_money_keep_small_figures_readable() -> None:
+    assert format_seconds(0.00172) == "1.72 ms"
+    assert format_seconds(0.412) == "412 ms"
+    assert format_seconds(12.34) == "12.3 s"
+    assert format_money(1234.5) == "$1,234.50"
+    assert format_money(0.000923) == "$0.000923"
+    assert format_money(-0.05) == "-$0.05"
+    assert format_money(0.0) == "$0.00"
+    assert format_money(float("nan")) == "—"

@@ -284,3 +284,39 @@ def test_failures_are_one_line_with_a_nonzero_exit(
         assert "ValueError: boom in the user's training_step" in captured.err  # the script's own
     else:
         assert "Traceback" not in captured.err
+
+
+def test_preemptions_are_survived_migrated_and_logged(tmp_path: Path) -> None:
+    from lightning_srifty.launch.injection import EveryInterval
+
+    options = _options(
+        tmp_path,
+        TRAIN_DIGITS,
+        request=PlanRequest(target_steps=2500, top_k=3),
+        preemptions=EveryInterval(2.5),
+        grace_s=20.0,
+    )
+    ui = RecordingUI()
+    outcome = run_launch(options, ui)
+    assert outcome.run is not None
+    moves = outcome.run.migrations
+    assert moves
+    # The UI hears of each move when it starts, before the resume and the time lost.
+    assert [m.to_plan for m in ui.migrations] == [m.to_plan for m in moves]
+    for move in moves:
+        assert move.reason == "spot preemption"
+        assert move.to_plan != move.from_plan  # the revoked offer is cooling down
+        # SIGTERM gave the job its notice: the emergency checkpoint lost nothing.
+        assert move.resumed_step == move.step_at_preemption > 0
+        assert move.lost_s > 0
+    logged = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "migrations.jsonl").read_text().splitlines()
+    ]
+    assert [m["to_plan"] for m in logged] == [m.to_plan for m in moves]
+    reasons = {
+        ref.reason for ref in open_store(str(tmp_path / "run" / "checkpoints"), keep=99).refs()
+    }
+    assert "final" in reasons
+    assert outcome.run.steps_done == 2500
+    assert len(outcome.run.attempts) == len(moves) + 1

@@ -514,6 +514,7 @@ class SriftyCallback(pl.Callback):
             warmup_steps=self.warmup_steps,
             comm_backend=backend,
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            dataset_size=_samples_per_epoch(trainer, self._local_batch_size),
         )
 
     def _environment(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Environment:
@@ -580,3 +581,11 @@ def _optimizer_state_bytes(optimizers: list[Any]) -> int:
                 if isinstance(value, torch.Tensor):
                     total += value.numel() * value.element_size()
     return total
+
+
+def _samples_per_epoch(trainer: pl.Trainer, local_batch: int) -> int | None:
+    """Samples one training epoch consumes on all ranks, when the loader has a length."""
+    batches = trainer.num_training_batches
+    if not isinstance(batches, int) or batches <= 0 or local_batch <= 0:
+        return None
+    return batches * local_batch * int(trainer.world_size)

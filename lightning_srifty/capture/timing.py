@@ -171,6 +171,8 @@ class ModelFacts:
     comm_backend: str | None
     """``None`` when not distributed (no :class:`Communication` record)."""
     created_at: str = ""
+    dataset_size: int | None = None
+    """Samples one epoch consumes across all ranks (for ``--epochs`` targets), if known."""
 
 
 def build_profile(measurements: Sequence[RankMeasurement], facts: ModelFacts) -> Profile:
@@ -246,6 +248,7 @@ def build_profile(measurements: Sequence[RankMeasurement], facts: ModelFacts) ->
         ranks=summaries,
         model_name=facts.model_name,
         created_at=facts.created_at,
+        extra={"dataset_size": facts.dataset_size} if facts.dataset_size else {},
     )
 
 

@@ -33,7 +33,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="srifty", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="srifty",
+        description="Swift and thrifty cloud training for PyTorch Lightning: inspect profiles, "
+        "predict step times, calibrate and validate the model, plan VM mixes, replay spot traces.",
+    )
     parser.add_argument("--version", action="version", version=f"lightning-srifty {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for module in COMMANDS:

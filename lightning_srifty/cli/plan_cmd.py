@@ -191,7 +191,7 @@ def print_table(result: PlanResult, request: PlanRequest) -> None:
     console.print(table)
     best = result.best
     base_table = Table(title="baselines (gain of plan #1 over each)")
-    for name in ("baseline", "cluster", "time to target", "cost", "plan #1 saves", "hours saved"):
+    for name in ("baseline", "cluster", "time to target", "cost", "plan #1 saves", "time saved"):
         base_table.add_column(name)
     for b in result.baselines:
         base_table.add_row(

@@ -77,6 +77,8 @@ def test_profile_written_to_default_path(profiled_run: dict[str, Any]) -> None:
     assert profile.steps.warmup_steps == 3 and profile.steps.measured_steps == 12
     assert profile.communication is None and profile.buckets == ()
     assert [r.rank for r in profile.ranks] == [0]
+    digits_samples = 1797  # scikit-learn's digits; the loader drops the last partial batch
+    assert profile.extra["dataset_size"] == (digits_samples // BATCH) * BATCH
 
 
 def test_layers_in_execution_order_with_blocks(profiled_run: dict[str, Any]) -> None:

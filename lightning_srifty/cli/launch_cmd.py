@@ -29,6 +29,7 @@ from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.monitor import Expectation, Snapshot, measured_step_time
 from lightning_srifty.core.planner import PlanRequest, PlanResult
+from lightning_srifty.core.spot import POLICY_NAMES
 from lightning_srifty.core.units import format_hours, format_money, parse_duration
 from lightning_srifty.launch.controller import Migration
 from lightning_srifty.launch.launcher import BACKENDS, LaunchOptions, LaunchOutcome, run_launch
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-uri", help="s3://bucket/prefix or a directory")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints to retain")
     p.add_argument("--run-dir", default="srifty_runs/latest", help="logs, profile, progress")
+    p.add_argument("--policy", default="srifty",
+                   help=f"after a preemption: one of {', '.join(POLICY_NAMES)}")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="plan and write tasks; launch nothing")
     p.add_argument("--yes", action="store_true", help="launch the plan without asking")
     p.add_argument("--preempt-every", help="local backend: revoke each attempt after this long")
@@ -138,6 +141,7 @@ def options_from_args(
         grace_s=parse_duration(args.grace, flag="--grace", default_unit="s"),
         local_max_nodes=args.local_nodes,
         local_max_procs=args.local_procs,
+        policy=args.policy,
     )
 
 

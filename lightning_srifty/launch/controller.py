@@ -22,6 +22,7 @@ from lightning_srifty.core.errors import LaunchError
 from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot
 from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
+from lightning_srifty.launch.migration import Decision, plan_key
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,19 @@ class RunSummary:
         return max((a.last_step for a in self.attempts), default=0)
 
 
-class Replanner(Protocol):
-    """Chooses the best plan for what is left, avoiding offers that just failed."""
+class NextPlanner(Protocol):
+    """Chooses where the job goes after a preemption (see :mod:`.migration`)."""
 
-    def __call__(
-        self, *, remaining_steps: int, elapsed_h: float, excluded: frozenset[tuple[str, str]]
-    ) -> Plan: ...
+    def record(self, key: tuple[str, str], ran_hours: float, preempted: bool) -> None: ...
+
+    def decide(
+        self,
+        *,
+        steps_done: int,
+        elapsed_h: float,
+        cooling: frozenset[tuple[str, str]],
+        preempted: bool,
+    ) -> Decision: ...
 
 
 class PreemptionSource(Protocol):
@@ -143,18 +151,23 @@ class Controller:
     run_dir: Path
     checkpoint_uri: str
     target_steps: int
-    replanner: Replanner
+    next_planner: NextPlanner
     expectation_for: Callable[[Plan], Expectation]
     """Predicted step time on the cluster that will really run the plan."""
     extra_env: Mapping[str, str] = field(default_factory=dict)
     preemptions: PreemptionSource | None = None
     on_update: Callable[[Plan, Snapshot], None] | None = None
     on_migration: Callable[[Migration], None] | None = None
+    on_wait: Callable[[str, float], None] | None = None
+    """Told when the policy waits for spot: its reason and the seconds it waits."""
     poll_s: float = 0.5
     max_attempts: int = 10
     grace_s: float = 20.0
     cooldown_attempts: int = 2
-    """Attempts during which a preempted offer stays excluded from re-planning."""
+    """Attempts (or waits) during which a preempted offer counts as unavailable."""
+    wait_s: float = 60.0
+    """How long to wait when the policy chooses to wait for spot before asking again."""
+    max_waits: int = 1000
     checkpoint_interval_s: float | None = None
     """Overrides the plan's Young/Daly interval (local runs with injected preemptions)."""
     progress_is_local: bool = True
@@ -198,6 +211,9 @@ class Controller:
         for attempt in range(1, self.max_attempts + 1):
             report = self._attempt(attempt, plan, started, reached)
             reached = max(reached, report.last_step)
+            self.next_planner.record(
+                plan_key(plan), report.elapsed_s / 3600.0, report.state is JobState.PREEMPTED
+            )
             attempts.append(report)
             cost += report.expectation.hourly_usd * report.elapsed_s / 3600.0
             if migrations and preempted_at is not None:
@@ -217,18 +233,37 @@ class Controller:
                     f"logs are in {self.run_dir}"
                 )
             preempted_at = time.monotonic()
-            cooling = {k: n - 1 for k, n in cooling.items() if n > 1}
+            cooling = _cool_down(cooling)
             for key in offer_keys(plan):
                 cooling[key] = self.cooldown_attempts
-            remaining = max(self.target_steps - report.last_step, 0)
-            new_plan = self.replanner(
-                remaining_steps=remaining,
+            decision = self.next_planner.decide(
+                steps_done=reached,
                 elapsed_h=(preempted_at - started) / 3600.0,
-                excluded=frozenset(cooling),
+                cooling=frozenset(cooling),
+                preempted=True,
             )
+            waits = 0
+            while decision.plan is None:
+                waits += 1
+                if waits > self.max_waits:
+                    raise LaunchError(
+                        f"the spot policy kept waiting ({decision.reason}); logs are in "
+                        f"{self.run_dir}"
+                    )
+                if self.on_wait:
+                    self.on_wait(decision.reason, self.wait_s)
+                time.sleep(self.wait_s)
+                cooling = _cool_down(cooling)
+                decision = self.next_planner.decide(
+                    steps_done=reached,
+                    elapsed_h=(time.monotonic() - started) / 3600.0,
+                    cooling=frozenset(cooling),
+                    preempted=False,
+                )
+            new_plan = decision.plan
             migration = Migration(
                 at_s=preempted_at - started,
-                reason="spot preemption",
+                reason=f"spot preemption; {decision.reason}",
                 from_plan=_describe(plan),
                 to_plan=_describe(new_plan),
                 step_at_preemption=report.last_step,
@@ -294,6 +329,11 @@ class Controller:
             self.backend.stop(handle)
         progress.poll()
         return AttemptReport(plan, state, tuple(progress.events), time.monotonic() - t0, expect)
+
+
+def _cool_down(cooling: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """One attempt or wait later: offers whose cool-down ends become usable again."""
+    return {key: left - 1 for key, left in cooling.items() if left > 1}
 
 
 def _describe(plan: Plan) -> str:

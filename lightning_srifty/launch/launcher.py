@@ -23,17 +23,29 @@ from lightning_srifty.core.monitor import Expectation, Snapshot
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.core.planner import PlanRequest, PlanResult, plan
 from lightning_srifty.core.profile import Profile
-from lightning_srifty.core.spot import young_daly_interval
+from lightning_srifty.core.spot import POLICY_NAMES, make_policy, young_daly_interval
 from lightning_srifty.launch.backend import Backend
 from lightning_srifty.launch.controller import Controller, Migration, PreemptionSource, RunSummary
 from lightning_srifty.launch.feedback import RanOn, write_feedback
 from lightning_srifty.launch.local_backend import LocalBackend, LocalTopology
+from lightning_srifty.launch.migration import (
+    Candidates,
+    CandidateSource,
+    PolicyDecider,
+    plan_key,
+)
 from lightning_srifty.launch.profiling import ProfileRun, run_profile
 
 if TYPE_CHECKING:
     from lightning_srifty.io.checkpoint_store import CheckpointStore
 
 BACKENDS = ("local", "sky")
+SPOT_CANDIDATES = 40
+"""Ranked spot plans considered after a preemption (one per offer is kept)."""
+CLOUD_WAIT_S = 60.0
+"""How long to wait for spot, when the policy waits, before asking again (cloud)."""
+LOCAL_WAIT_S = 2.0
+"""The same on the local backend, whose runs last seconds."""
 LOOPBACK_GBPS = 40.0
 """Nominal bandwidth of gloo over loopback, for predicting local runs."""
 
@@ -57,6 +69,8 @@ class LaunchOptions:
     grace_s: float = 20.0
     local_max_nodes: int = 2
     local_max_procs: int = 2
+    policy: str = "srifty"
+    """Spot policy after a preemption (see :data:`~lightning_srifty.core.spot.POLICY_NAMES`)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -65,6 +79,10 @@ class LaunchOptions:
             )
         if self.preemptions is not None and self.backend != "local":
             raise ConfigError("--preempt-every/--preempt-trace work only with --backend local")
+        if self.policy not in POLICY_NAMES:
+            raise ConfigError(
+                f"--policy {self.policy!r} is not valid: use one of {', '.join(POLICY_NAMES)}"
+            )
 
 
 class LauncherUI(Protocol):
@@ -205,6 +223,7 @@ def run_launch(
     local = backend if isinstance(backend, LocalBackend) else None
     topology = local.topology_for(chosen.cluster) if local is not None else None
     interval_s = _checkpoint_interval_s(options.preemptions, checkpoint_s)
+    wait_s = LOCAL_WAIT_S if local is not None else CLOUD_WAIT_S
     controller = Controller(
         backend=backend,
         extra_env=job_env,
@@ -213,7 +232,17 @@ def run_launch(
         run_dir=run_dir,
         checkpoint_uri=uri,
         target_steps=target,
-        replanner=lambda **kw: _replan(profile, offers, model, request, **kw),
+        next_planner=PolicyDecider(
+            policy=make_policy(options.policy),
+            candidates=_candidate_source(profile, offers, model, request),
+            home=plan_key(chosen),
+            target_steps=target,
+            deadline_h=request.deadline_h,
+            changeover_h=request.restart_delay_h,
+            wait_h=wait_s / 3600.0,
+        ),
+        wait_s=wait_s,
+        on_wait=lambda why, s: ui.info(f"waiting {s:.0f} s for spot ({why})"),
         expectation_for=lambda p: _expectation(p, profile, model, local, target),
         preemptions=options.preemptions,
         on_migration=ui.migration,
@@ -316,34 +345,39 @@ def _ran_on(p: Plan, backend: Backend) -> RanOn:
     return RanOn(None, group.offer.region, p.cluster.nodes, group.gpus_per_node)
 
 
-def _replan(
-    profile: Profile,
-    offers: Sequence[Offer],
-    model: PerformanceModel,
-    request: PlanRequest,
-    remaining_steps: int,
-    elapsed_h: float,
-    excluded: frozenset[tuple[str, str]],
-) -> Plan:
-    """Best plan for the remaining steps and time, without the offers cooling down.
+def _candidate_source(
+    profile: Profile, offers: Sequence[Offer], model: PerformanceModel, request: PlanRequest
+) -> CandidateSource:
+    """Re-plans the remaining work: the best spot plans, and an on-demand fallback.
 
-    When no spot plan can still make the deadline, on-demand is what remains; when
-    nothing can, the fastest plan is taken (finishing late beats not finishing).
+    Spot plans are ranked by cost with no deadline filter (the spot policy weighs the
+    deadline); the on-demand plan is the cheapest that still meets what is left of the
+    deadline, or the fastest one when none does (finishing late beats not finishing).
     """
-    usable = [o for o in offers if (o.instance_type, o.zone) not in excluded]
-    deadline = None if request.deadline_h is None else max(request.deadline_h - elapsed_h, 1e-3)
-    again = dataclasses.replace(
-        request,
-        target_steps=max(remaining_steps, 1),
-        epochs=None,
-        deadline_h=deadline,
-        budget_usd=None,
-    )
-    try:
-        return plan(profile, usable, model, again).best
-    except InfeasibleError:
-        fastest = dataclasses.replace(again, deadline_h=None, objective="time")
-        return plan(profile, usable, model, fastest).best
+
+    def find(remaining_steps: int, elapsed_h: float) -> Candidates:
+        rest = dataclasses.replace(
+            request,
+            target_steps=max(remaining_steps, 1),
+            epochs=None,
+            deadline_h=None,
+            budget_usd=None,
+            objective="cost",
+            top_k=SPOT_CANDIDATES,
+        )
+        spot: tuple[Plan, ...] = ()
+        if request.allow_spot:
+            spot = tuple(p for p in plan(profile, offers, model, rest).plans if p.use_spot)
+        left = None if request.deadline_h is None else max(request.deadline_h - elapsed_h, 1e-3)
+        on_demand = dataclasses.replace(rest, allow_spot=False, deadline_h=left, top_k=1)
+        try:
+            fallback = plan(profile, offers, model, on_demand).best
+        except InfeasibleError:
+            fastest = dataclasses.replace(on_demand, deadline_h=None, objective="time")
+            fallback = plan(profile, offers, model, fastest).best
+        return Candidates(spot, fallback)
+
+    return find
 
 
 def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:

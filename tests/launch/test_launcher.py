@@ -304,7 +304,7 @@ def test_preemptions_are_survived_migrated_and_logged(tmp_path: Path) -> None:
     # The UI hears of each move when it starts, before the resume and the time lost.
     assert [m.to_plan for m in ui.migrations] == [m.to_plan for m in moves]
     for move in moves:
-        assert move.reason == "spot preemption"
+        assert move.reason.startswith("spot preemption; srifty")
         assert move.to_plan != move.from_plan  # the revoked offer is cooling down
         # SIGTERM gave the job its notice: the emergency checkpoint lost nothing.
         assert move.resumed_step == move.step_at_preemption > 0
@@ -320,3 +320,24 @@ def test_preemptions_are_survived_migrated_and_logged(tmp_path: Path) -> None:
     assert "final" in reasons
     assert outcome.run.steps_done == 2500
     assert len(outcome.run.attempts) == len(moves) + 1
+
+
+def test_uniform_progress_waits_for_its_home_zone_then_returns(tmp_path: Path) -> None:
+    from lightning_srifty.launch.injection import EveryInterval
+
+    options = _options(
+        tmp_path,
+        TRAIN_DIGITS,
+        request=PlanRequest(target_steps=1500, deadline_h=100.0, top_k=3),
+        preemptions=EveryInterval(2.5),
+        policy="uniform-progress",
+    )
+    ui = RecordingUI()
+    outcome = run_launch(options, ui)
+    assert outcome.run is not None and outcome.run.steps_done == 1500
+    moves = outcome.run.migrations
+    assert moves
+    # Far ahead of t*C/D with the home offer cooling down: it waits, then goes home.
+    assert any(m.startswith("waiting") and "uniform-progress" in m for m in ui.messages)
+    assert all(m.to_plan == m.from_plan for m in moves)
+    assert all("uniform-progress" in m.reason for m in moves)

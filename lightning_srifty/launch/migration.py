@@ -1,0 +1,160 @@
+"""After a preemption: ask the deadline-aware spot policy where to go next.
+
+The policies in :mod:`lightning_srifty.core.spot` decide on an
+:class:`~lightning_srifty.core.spot.Observation`: zones with availability and prices,
+progress, deadline and the history of interruptions. This module builds that
+observation from live plans and turns the policy's action back into a plan, or into
+"wait", so the same policy code drives the replay simulator and ``srifty-launch``.
+
+How the live world maps onto the policy's:
+
+* **Zones** are spot offers (instance type and zone). Zone 0 is the job's *home*, the
+  offer of the first plan (Uniform Progress stays in its home zone); the others are the
+  best spot plan in each further zone, in the planner's order. An offer cooling down
+  after a preemption is unavailable; every other one counts as up, because a cloud only
+  tells whether it has capacity when asked (a failed launch is a preemption of length
+  zero for the controller).
+* **Time and progress** are in hours of work on the slowest candidate, so a faster plan
+  finishes early rather than late (deadline reasoning stays on the safe side), and
+  prices become dollars per such hour (a fast expensive plan can be the cheaper one).
+* **Actions**: ``spot`` launches that zone's plan, ``on-demand`` the best on-demand plan,
+  ``idle``/``stay`` wait and ask again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from lightning_srifty.core.cluster import Plan
+from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.spot import IDLE, Observation, Policy
+
+OfferKey = tuple[str, str]
+"""(instance type, zone)."""
+
+
+def plan_key(plan: Plan) -> OfferKey:
+    """The offer a single-group plan runs on (the first group's, for mixes)."""
+    offer = plan.cluster.groups[0].offer
+    return (offer.instance_type, offer.zone)
+
+
+@dataclass
+class ZoneHistory:
+    """What the controller saw of one offer: hours it ran there, and revocations."""
+
+    up_hours: float = 0.0
+    interruptions: int = 0
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Plans for the remaining work: best spot plan per offer, best on-demand plan."""
+
+    spot: tuple[Plan, ...]
+    on_demand: Plan | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where to go next; ``plan is None`` means wait and ask again."""
+
+    plan: Plan | None
+    reason: str
+
+
+CandidateSource = Callable[[int, float], Candidates]
+"""``(remaining steps, elapsed hours) -> Candidates`` (the planner, re-run)."""
+
+
+@dataclass
+class PolicyDecider:
+    """Drives a :class:`~lightning_srifty.core.spot.Policy` with live plans.
+
+    Args:
+        policy: The spot policy (``srifty``, ``uniform-progress``, ...).
+        candidates: Re-plans the remaining work.
+        home: The offer of the first plan (the policy's zone 0).
+        target_steps: Steps the whole job needs.
+        deadline_h: The deadline since launch (``None``: no deadline).
+        changeover_h: Restart and provisioning delay of a move.
+        wait_h: How long a "wait" lasts before the policy is asked again.
+    """
+
+    policy: Policy
+    candidates: CandidateSource
+    home: OfferKey
+    target_steps: int
+    deadline_h: float | None
+    changeover_h: float
+    wait_h: float
+    history: dict[OfferKey, ZoneHistory] = field(default_factory=dict)
+
+    def record(self, key: OfferKey, ran_hours: float, preempted: bool) -> None:
+        """Accounts one attempt on ``key`` (what the policy's rate estimates learn from)."""
+        seen = self.history.setdefault(key, ZoneHistory())
+        seen.up_hours += max(ran_hours, 0.0)
+        seen.interruptions += int(preempted)
+
+    def decide(
+        self,
+        *,
+        steps_done: int,
+        elapsed_h: float,
+        cooling: frozenset[OfferKey],
+        preempted: bool,
+    ) -> Decision:
+        """The policy's choice for the remaining work, as a plan or a wait."""
+        remaining = max(self.target_steps - steps_done, 1)
+        found = self.candidates(remaining, elapsed_h)
+        spot = _one_per_offer(found.spot)
+        others = [p for p in spot if plan_key(p) != self.home]
+        home = next((p for p in spot if plan_key(p) == self.home), None)
+        zones: list[Plan | None] = [home, *others]
+        keys = [self.home, *(plan_key(p) for p in others)]
+        known = [p for p in [*zones, found.on_demand] if p is not None]
+        if not known:
+            raise ConfigError("no plan can run the remaining work (catalog filters too tight?)")
+        slowest = max(p.step_s for p in known)
+
+        def per_work_hour(p: Plan | None) -> float:
+            return math.inf if p is None else p.hourly_usd * p.step_s / slowest
+
+        hours_per_step = slowest / 3600.0
+        seen = [self.history.get(k, ZoneHistory()) for k in keys]
+        observation = Observation(
+            time_hours=elapsed_h,
+            gap_hours=self.wait_h,
+            progress_hours=steps_done * hours_per_step,
+            unsaved_hours=0.0,
+            job_hours=self.target_steps * hours_per_step,
+            deadline_hours=math.inf if self.deadline_h is None else self.deadline_h,
+            changeover_hours=self.changeover_h,
+            changeover_left_hours=0.0,
+            placement=IDLE,
+            preempted=preempted,
+            available=tuple(
+                p is not None and k not in cooling for p, k in zip(zones, keys, strict=True)
+            ),
+            spot_prices=tuple(per_work_hour(p) for p in zones),
+            ondemand_price=per_work_hour(found.on_demand),
+            up_hours_seen=tuple(z.up_hours for z in seen),
+            interruptions_seen=tuple(z.interruptions for z in seen),
+        )
+        action = self.policy.decide(observation)
+        why = f"{self.policy.name}: {action.reason}" if action.reason else self.policy.name
+        if action.kind == "spot" and action.zone is not None and zones[action.zone] is not None:
+            return Decision(zones[action.zone], why)
+        if action.kind == "on-demand" and found.on_demand is not None:
+            return Decision(found.on_demand, why)
+        return Decision(None, why)
+
+
+def _one_per_offer(plans: Sequence[Plan]) -> list[Plan]:
+    """The first (best-ranked) plan of each offer, in the planner's order."""
+    seen: dict[OfferKey, Plan] = {}
+    for p in plans:
+        seen.setdefault(plan_key(p), p)
+    return list(seen.values())

@@ -1,0 +1,113 @@
+"""The spot policies deciding live migrations: zones, prices per work-hour, waiting."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
+from lightning_srifty.core.spot import make_policy
+from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
+
+
+def _plan(itype: str, zone: str, *, spot: bool, hourly: float, step_s: float = 1.0) -> Plan:
+    offer = Offer(
+        instance_type=itype,
+        accelerator="T4",
+        accelerator_count=1,
+        gpu_memory_gib=16.0,
+        vcpus=4.0,
+        memory_gib=16.0,
+        region="us-west-2",
+        zone=zone,
+        ondemand_price=hourly,
+        spot_price=hourly if spot else None,
+        intra_node_link="none",
+        network_gbps=25.0,
+    )
+    cluster = Cluster((ClusterGroup(offer, 1, 1),))
+    return Plan(cluster, spot, step_s, step_s, step_s, 32, 100, 1.0, hourly, hourly)
+
+
+HOME = _plan("g4dn.xlarge", "usw2-az1", spot=True, hourly=0.3)
+OTHER = _plan("g4dn.xlarge", "usw2-az2", spot=True, hourly=0.35)
+ON_DEMAND = _plan("g4dn.xlarge", "usw2-az1", spot=False, hourly=1.0)
+
+
+def _decider(policy: str, spot=(HOME, OTHER), deadline_h: float | None = 10.0) -> PolicyDecider:
+    return PolicyDecider(
+        policy=make_policy(policy),
+        candidates=lambda remaining, elapsed: Candidates(tuple(spot), ON_DEMAND),
+        home=plan_key(HOME),
+        target_steps=3600 * 4,  # 4 hours of work at 1 s per step
+        deadline_h=deadline_h,
+        changeover_h=0.1,
+        wait_h=0.05,
+    )
+
+
+def test_srifty_migrates_to_another_zone_when_home_is_revoked() -> None:
+    decision = _decider("srifty").decide(
+        steps_done=3600, elapsed_h=1.0, cooling=frozenset({plan_key(HOME)}), preempted=True
+    )
+    assert decision.plan == OTHER
+    assert decision.reason.startswith("srifty")
+
+
+def test_uniform_progress_waits_for_its_home_zone_while_ahead() -> None:
+    decider = _decider("uniform-progress")
+    cooling = frozenset({plan_key(HOME)})
+    ahead = decider.decide(steps_done=3600, elapsed_h=1.0, cooling=cooling, preempted=True)
+    assert ahead.plan is None  # 1 h done of 4 after 1 h of 10: ahead of t*C/D, so wait
+    behind = decider.decide(steps_done=3600, elapsed_h=5.0, cooling=cooling, preempted=False)
+    assert behind.plan == ON_DEMAND  # 1 h done after 5 h: behind uniform progress
+    back = decider.decide(steps_done=3600, elapsed_h=1.0, cooling=frozenset(), preempted=False)
+    assert back.plan == HOME
+
+
+def test_on_demand_policy_always_takes_on_demand() -> None:
+    decision = _decider("on-demand").decide(
+        steps_done=0, elapsed_h=0.0, cooling=frozenset(), preempted=True
+    )
+    assert decision.plan == ON_DEMAND
+
+
+def test_prices_compare_per_hour_of_work_not_per_hour() -> None:
+    slow_cheap = _plan("g4dn.xlarge", "usw2-az2", spot=True, hourly=0.4, step_s=2.0)
+    fast_dear = _plan("g5.xlarge", "usw2-az3", spot=True, hourly=0.6, step_s=1.0)
+    decider = _decider("srifty", spot=(HOME, slow_cheap, fast_dear))
+    decision = decider.decide(
+        steps_done=0, elapsed_h=0.0, cooling=frozenset({plan_key(HOME)}), preempted=True
+    )
+    # 0.4 $/h at 2 s/step is 0.8 $ per hour of 1 s/step work; 0.6 $/h at 1 s/step is 0.6.
+    assert decision.plan == fast_dear
+
+
+def test_without_a_deadline_it_waits_rather_than_pay_on_demand() -> None:
+    decider = _decider("srifty", spot=(HOME,), deadline_h=None)
+    cooling = frozenset({plan_key(HOME)})
+    assert (
+        decider.decide(steps_done=0, elapsed_h=50.0, cooling=cooling, preempted=True).plan is None
+    )
+    assert (
+        decider.decide(steps_done=0, elapsed_h=50.0, cooling=frozenset(), preempted=False).plan
+        == HOME
+    )
+
+
+def test_a_tight_deadline_sends_srifty_to_on_demand() -> None:
+    decider = _decider("srifty", spot=(HOME,), deadline_h=4.5)
+    decision = decider.decide(
+        steps_done=3600, elapsed_h=1.3, cooling=frozenset({plan_key(HOME)}), preempted=True
+    )
+    assert decision.plan == ON_DEMAND  # 3 h of work left in 3.2 h: no slack to wait
+
+
+def test_history_feeds_the_rate_estimates() -> None:
+    decider = _decider("srifty")
+    decider.record(plan_key(OTHER), 2.0, preempted=True)
+    decider.record(plan_key(OTHER), 1.0, preempted=True)
+    seen = decider.history[plan_key(OTHER)]
+    assert (seen.up_hours, seen.interruptions) == (3.0, 2)
+    with pytest.raises(KeyError):
+        _ = decider.history[plan_key(HOME)]

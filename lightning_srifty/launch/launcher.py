@@ -270,11 +270,16 @@ def run_launch(
                 snap.measured_step_s,
                 attempt=len(fed_back),
             )
+            use = (
+                "kept as a record: local processes are no catalog instance"
+                if local is not None
+                else f"refit with: srifty calibrate --profiles {path} --out CAL.json"
+            )
             ui.info(
                 f"measured step {snap.measured_step_s * 1e3:.1f} ms is {snap.drift} than "
                 f"predicted {expect.step_s * 1e3:.1f} ms "
-                f"[{expect.low_s * 1e3:.1f}, {expect.high_s * 1e3:.1f}]; "
-                f"calibration data written to {path} (use: srifty calibrate --profiles)"
+                f"[{expect.low_s * 1e3:.1f}, {expect.high_s * 1e3:.1f}]; measurement written "
+                f"to {path} ({use})"
             )
 
     controller.on_update = on_update

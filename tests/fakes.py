@@ -59,6 +59,8 @@ class FakeSkySdk:
         """Cluster name -> sky ClusterStatus."""
         self.jobs: dict[str, object] = {}
         """Cluster name -> sky JobStatus of its job 1."""
+        self.job_log: list[str] = []
+        """Chunks every job's log streams (``tail_logs``), in order."""
         self.job_progression: list[object] = []
         """Job states every newly launched cluster's job 1 goes through, one per poll."""
         self._progress: dict[str, list[object]] = {}
@@ -130,6 +132,13 @@ class FakeSkySdk:
         self.jobs.pop(cluster_name, None)
         self.downed.append(cluster_name)
         return self._request()
+
+    def tail_logs(
+        self, cluster_name: str, job_id: int | None, follow: bool, tail: int = 0, **kwargs: object
+    ) -> object:
+        """The job's log as chunks then ``None``, like ``preload_content=False``."""
+        assert kwargs.get("preload_content") is False
+        return iter([*self.job_log, None])
 
     def reclaim(self, cluster_name: str) -> None:
         """AWS takes the spot instances back: the cluster disappears from the server."""

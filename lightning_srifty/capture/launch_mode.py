@@ -10,7 +10,8 @@ Outside the launcher none of this runs. Under it, environment variables (see
   ``SRIFTY_CHECKPOINT_INTERVAL_S`` seconds (or ``SRIFTY_CHECKPOINT_EVERY_STEPS`` steps),
   and on a preemption notice (SIGTERM or the EC2 spot notice) save an emergency
   checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`;
-* **progress**: rank zero appends JSON lines to ``SRIFTY_PROGRESS_PATH``.
+* **progress**: rank zero appends JSON lines to ``SRIFTY_PROGRESS_PATH`` and, with
+  ``SRIFTY_PROGRESS_STDOUT=1``, prints them to its log (cloud runs).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class LaunchSettings:
     state_dir: Path | None
     keep_checkpoints: int = 3
     checkpoint_every_steps: int | None = None
+    progress_stdout: bool = False
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> LaunchSettings | None:
@@ -65,6 +67,7 @@ class LaunchSettings:
             state_dir=_path(env, proto.ENV_STATE_DIR),
             keep_checkpoints=max(_int(env, proto.ENV_KEEP_CHECKPOINTS) or 3, 1),
             checkpoint_every_steps=_int(env, proto.ENV_CHECKPOINT_EVERY_STEPS) or None,
+            progress_stdout=env.get(proto.ENV_PROGRESS_STDOUT, "") == "1",
         )
 
 
@@ -206,7 +209,7 @@ class LaunchSession:
         self, trainer: pl.Trainer, event: str, step: int, step_s: float, checkpoint: str = ""
     ) -> None:
         path = self.settings.progress_path
-        if path is None or not trainer.is_global_zero:
+        if not trainer.is_global_zero or (path is None and not self.settings.progress_stdout):
             return
         line = ProgressEvent(
             event=event,
@@ -216,10 +219,13 @@ class LaunchSession:
             checkpoint=checkpoint,
             world_size=int(trainer.world_size),
         ).to_line()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
+        if self.settings.progress_stdout:
+            print(proto.PROGRESS_LINE_PREFIX + line, flush=True)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+                fh.flush()
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:

@@ -24,6 +24,10 @@ ENV_PROFILE_PATH = "SRIFTY_PROFILE_PATH"
 ENV_CHECKPOINT_URI = "SRIFTY_CHECKPOINT_URI"
 ENV_TARGET_STEPS = "SRIFTY_TARGET_STEPS"
 ENV_PROGRESS_PATH = "SRIFTY_PROGRESS_PATH"
+ENV_PROGRESS_STDOUT = "SRIFTY_PROGRESS_STDOUT"
+"""``1``: rank zero also prints progress lines to stdout (cloud runs: read from the log)."""
+PROGRESS_LINE_PREFIX = "SRIFTY_PROGRESS "
+"""What starts a progress line in a job's log; the JSON event follows."""
 ENV_CHECKPOINT_INTERVAL_S = "SRIFTY_CHECKPOINT_INTERVAL_S"
 ENV_CHECKPOINT_EVERY_STEPS = "SRIFTY_CHECKPOINT_EVERY_STEPS"
 """Also checkpoint every N optimizer steps (whichever of time and steps comes first)."""
@@ -78,3 +82,15 @@ class ProgressEvent:
             checkpoint=r.str("checkpoint", ""),
             world_size=r.int("world_size", 1, minimum=1),
         )
+
+
+def progress_from_log_line(line: str, *, source: str | None = None) -> ProgressEvent | None:
+    """The event in one line of a job's log, or ``None`` for any other line.
+
+    Log streams may prefix lines (SkyPilot adds ``(head, rank=0, ...)``), so the marker
+    is searched anywhere in the line.
+    """
+    at = line.find(PROGRESS_LINE_PREFIX)
+    if at < 0:
+        return None
+    return ProgressEvent.from_line(line[at + len(PROGRESS_LINE_PREFIX) :].strip(), source=source)

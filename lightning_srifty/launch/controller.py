@@ -10,19 +10,26 @@ the store. Every migration is logged with why, from where, to where and time los
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Plan
-from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.core.errors import LaunchError, SchemaError
 from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot
 from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
 from lightning_srifty.launch.migration import Decision, plan_key
+
+log = logging.getLogger(__name__)
+
+LOG_CATCH_UP_S = 10.0
+"""How long to let a cloud job's log stream deliver its last lines after the job ended."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,73 @@ class ProgressFile:
         return fresh
 
 
+class ProgressSource(Protocol):
+    """Where a running job's progress events come from."""
+
+    events: list[ProgressEvent]
+
+    def poll(self) -> list[ProgressEvent]: ...
+
+
+class LogProgress:
+    """Progress events carried by a job's log stream, followed in a background thread.
+
+    Cloud jobs print their progress lines (``SRIFTY_PROGRESS {...}``) to their log; the
+    backend hands over a way to stream that log, and :meth:`poll` returns what arrived.
+    Log chunks may split lines, so a partial line waits for the rest.
+
+    Args:
+        stream: Opens the log stream: an iterator of text chunks, ``None`` at the end.
+        source: Names the log in error messages.
+    """
+
+    def __init__(self, stream: Callable[[], Iterable[str | None]], source: str):
+        self.events: list[ProgressEvent] = []
+        self._fresh: list[ProgressEvent] = []
+        self._lock = threading.Lock()
+        self._source = source
+        self._thread = threading.Thread(
+            target=self._follow, args=(stream,), name="srifty-log-progress", daemon=True
+        )
+        self._thread.start()
+
+    def _follow(self, stream: Callable[[], Iterable[str | None]]) -> None:
+        partial = ""
+        try:
+            for chunk in stream():
+                if chunk is None:
+                    break
+                lines = (partial + chunk).split("\n")
+                partial = lines.pop()
+                self._take(lines)
+        except (OSError, RuntimeError, ValueError) as exc:  # the SDK's stream broke
+            log.info("stopped following %s: %s", self._source, exc)
+        self._take([partial])
+
+    def _take(self, lines: Sequence[str]) -> None:
+        found = []
+        for line in lines:
+            try:
+                event = proto.progress_from_log_line(line, source=self._source)
+            except SchemaError as exc:
+                log.debug("ignoring a garbled progress line: %s", exc)
+                continue
+            if event is not None:
+                found.append(event)
+        with self._lock:
+            self._fresh.extend(found)
+
+    def poll(self) -> list[ProgressEvent]:
+        with self._lock:
+            fresh, self._fresh = self._fresh, []
+        self.events.extend(fresh)
+        return fresh
+
+    def wait(self, timeout_s: float) -> None:
+        """Lets the stream catch up after the job ended (its last lines)."""
+        self._thread.join(timeout_s)
+
+
 def offer_keys(plan: Plan) -> frozenset[tuple[str, str]]:
     """(instance type, zone) of every group, the unit a preemption takes away."""
     return frozenset((g.offer.instance_type, g.offer.zone) for g in plan.cluster.groups)
@@ -180,6 +254,8 @@ class Controller:
         env[proto.ENV_TARGET_STEPS] = str(self.target_steps)
         if self.progress_is_local:
             env[proto.ENV_PROGRESS_PATH] = str(self.progress_path(attempt))
+        else:
+            env[proto.ENV_PROGRESS_STDOUT] = "1"
         interval = self.checkpoint_interval_s or plan.checkpoint_interval_s
         if interval:
             env[proto.ENV_CHECKPOINT_INTERVAL_S] = f"{interval:.3f}"
@@ -278,8 +354,8 @@ class Controller:
 
     def _attempt(self, attempt: int, plan: Plan, started: float, start_step: int) -> AttemptReport:
         expect = self.expectation_for(plan)
-        progress = ProgressFile(self.progress_path(attempt))
-        progress.path.unlink(missing_ok=True)
+        local_file = ProgressFile(self.progress_path(attempt))
+        local_file.path.unlink(missing_ok=True)
         spec = LaunchSpec(
             script=self.script,
             script_args=tuple(self.script_args),
@@ -288,6 +364,10 @@ class Controller:
             name=f"srifty-{attempt}",
         )
         handle = self.backend.launch(spec)
+        follow = getattr(self.backend, "follow_progress", None)
+        progress: ProgressSource = local_file
+        if not self.progress_is_local and follow is not None:
+            progress = follow(handle)
         t0 = time.monotonic()
         injected = False
         state = JobState.PENDING
@@ -327,6 +407,8 @@ class Controller:
             # Finished, failed or preempted: release what is left (billing stops; a
             # half-preempted cluster is torn down before the job moves elsewhere).
             self.backend.stop(handle)
+        if isinstance(progress, LogProgress):
+            progress.wait(LOG_CATCH_UP_S)
         progress.poll()
         return AttemptReport(plan, state, tuple(progress.events), time.monotonic() - t0, expect)
 

@@ -71,6 +71,8 @@ from lightning_srifty.launch.sky_runtime import (
 if TYPE_CHECKING:
     import sky
 
+    from lightning_srifty.launch.controller import LogProgress
+
 CLOUD = "aws"
 
 ENV_MASTER_ADDR = "SRIFTY_MASTER_ADDR"
@@ -538,6 +540,10 @@ class SkySdk(Protocol):
 
     def down(self, cluster_name: str) -> Any: ...
 
+    def tail_logs(
+        self, cluster_name: str, job_id: int | None, follow: bool, tail: int = 0, **kwargs: Any
+    ) -> Any: ...
+
     def get(self, request_id: Any) -> Any: ...
 
     def stream_and_get(self, request_id: Any) -> Any: ...
@@ -718,6 +724,19 @@ class SkyBackend:
     def status(self, handle: object) -> JobState:
         job = _as_sky_job(handle)
         return combine_states([self._cluster_state(c, job.use_spot) for c in job.clusters])
+
+    def follow_progress(self, handle: object) -> LogProgress:
+        """Streams the master cluster's job log (rank zero prints its progress there)."""
+        from lightning_srifty.launch.controller import LogProgress
+
+        master = _as_sky_job(handle).clusters[0]
+
+        def stream() -> Any:
+            return self.sdk.tail_logs(
+                master.name, master.job_id, follow=True, preload_content=False
+            )
+
+        return LogProgress(stream, f"the job log of {master.name}")
 
     def stop(self, handle: object) -> None:
         """Tears every cluster down (billing stops); clusters already gone are skipped."""

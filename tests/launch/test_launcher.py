@@ -124,6 +124,16 @@ def test_sky_backend_launches_real_tasks_through_the_sdk(
 
     fake = FakeSkySdk()
     fake.job_progression = [job_lib.JobStatus.RUNNING, job_lib.JobStatus.SUCCEEDED]
+    steps = [
+        ProgressEvent("resumed", 1.0, 25, checkpoint="c1"),
+        ProgressEvent("step", 2.0, 60, step_s=0.031),
+        ProgressEvent("step", 3.0, 90, step_s=0.029),
+        ProgressEvent("done", 3.1, 90, step_s=0.030),
+    ]
+    log = "".join(
+        f"(head, rank=0) {proto.PROGRESS_LINE_PREFIX}{e.to_line()}\nnoise\n" for e in steps
+    )
+    fake.job_log = [log[:50], log[50:]]  # a chunk boundary inside a line
     backend = SkyBackend(sdk=fake, workdir=str(EXAMPLES), checkpoint_uri=s3_uri)
     options = _options(
         tmp_path, TRAIN_DIGITS, backend="sky", checkpoint_uri=s3_uri, script_args=("--seed", "3")
@@ -136,6 +146,8 @@ def test_sky_backend_launches_real_tasks_through_the_sdk(
     assert envs[proto.ENV_CHECKPOINT_URI] == s3_uri
     assert envs[proto.ENV_TARGET_STEPS] == "90"
     assert proto.ENV_PROGRESS_PATH not in envs  # a path on this machine means nothing there
+    assert envs[proto.ENV_PROGRESS_STDOUT] == "1"
+    assert outcome.run.attempts[0].events == tuple(steps)  # followed from the job's log
     assert "train_digits.py --seed 3" in task.run
     assert not any(secret in json.dumps(envs) for secret in S3_TEST_ENV.values())
     best = outcome.plan_result.best

@@ -1,0 +1,79 @@
+"""The callback under the launcher: train mode, target steps, progress lines, bad settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import lightning.pytorch as pl
+import pytest
+
+from lightning_srifty import SriftyCallback
+from lightning_srifty.capture.launch_mode import LaunchSettings
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.io.checkpoint_store import open_store
+
+
+def _train(digits: ModuleType, root: Path, env: dict[str, str], monkeypatch) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pl.Trainer(
+        max_steps=1000,  # the launcher's target wins
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=root,
+        callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
+    ).fit(digits.DigitsModule(hidden=16), datamodule=digits.DigitsDataModule(batch_size=32))
+
+
+def test_train_mode_stops_at_target_and_prints_progress_for_cloud_logs(
+    digits: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = {
+        proto.ENV_MODE: proto.MODE_TRAIN,
+        proto.ENV_CHECKPOINT_URI: str(tmp_path / "store"),
+        proto.ENV_TARGET_STEPS: "30",
+        proto.ENV_PROGRESS_STDOUT: "1",
+        proto.ENV_CHECKPOINT_EVERY_STEPS: "10",
+    }
+    _train(digits, tmp_path, env, monkeypatch)
+    out = capsys.readouterr().out
+    events = [e for e in map(proto.progress_from_log_line, out.splitlines()) if e is not None]
+    assert [e.event for e in events][0] == "start"
+    assert events[-1].event == "done" and events[-1].step == 30 and events[-1].step_s > 0
+    saved = [e.step for e in events if e.event == "checkpoint"]
+    assert saved == [10, 20, 30]  # every 10 steps; at the target only the final one
+    refs = open_store(str(tmp_path / "store"), keep=10).refs()
+    assert refs[0].step == 30 and refs[0].reason == "final"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({proto.ENV_MODE: "turbo", proto.ENV_CHECKPOINT_URI: "/x"}, "SRIFTY_MODE='turbo'"),
+        ({proto.ENV_MODE: proto.MODE_TRAIN}, "SRIFTY_CHECKPOINT_URI is not"),
+        (
+            {proto.ENV_MODE: "train", proto.ENV_CHECKPOINT_URI: "/x", proto.ENV_TARGET_STEPS: "x"},
+            "SRIFTY_TARGET_STEPS='x' is not an integer",
+        ),
+    ],
+)
+def test_bad_launcher_settings_name_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        LaunchSettings.from_env(env)
+
+
+def test_no_launcher_means_no_launch_mode() -> None:
+    assert LaunchSettings.from_env({}) is None
+
+
+def test_log_lines_with_prefixes_parse_and_others_do_not() -> None:
+    event = proto.ProgressEvent("step", 1.0, 5, step_s=0.1)
+    line = f"(head, rank=0, pid=7) {proto.PROGRESS_LINE_PREFIX}{event.to_line()}"
+    assert proto.progress_from_log_line(line) == event
+    assert proto.progress_from_log_line("Epoch 0: 100%") is None

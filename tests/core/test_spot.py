@@ -3,12 +3,15 @@ windows of the real Can't Be Late traces."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.spot import (
@@ -146,6 +149,15 @@ def test_policy_sees_only_the_present_tick() -> None:
             assert not isinstance(value, np.ndarray)
             if isinstance(value, tuple):
                 assert len(value) == 3
+        # Market counts cover the ticks before this one and nothing later.
+        past = np.asarray(zones)[:, : start + tick]
+        assert obs.market.hours == pytest.approx((start + tick) * GAP)
+        assert obs.market.up_hours == pytest.approx(tuple(past.sum(axis=1) * GAP))
+        assert obs.market.any_up_hours == pytest.approx(past.any(axis=0).sum() * GAP)
+        assert obs.history.hours == pytest.approx(start * GAP)
+        assert obs.history.up_hours == pytest.approx(
+            tuple(np.asarray(zones)[:, :start].sum(axis=1) * GAP)
+        )
 
 
 def test_future_availability_does_not_change_past_decisions() -> None:
@@ -288,3 +300,107 @@ def test_srifty_costs_no_more_than_uniform_progress_on_real_windows(shared_data:
     assert np.mean(srifty_all) < np.mean(up_one)
     # Any-zone spot is up ~91 % of the time: all nine zones get close to the spot price.
     assert np.mean(srifty_all) < 0.5
+
+
+# ------------------------------------------------------------- srifty's slack reserve
+
+
+def test_srifty_waits_out_an_outage_when_slack_is_ample() -> None:
+    # One zone, down for half an hour after 1 h of running; 4 h of work, 6 h to do it.
+    tl = timeline([1] * 20 + [0] * 10 + [1] * 400)
+    j = job(4.0, 6.0)
+    srifty = simulate(SriftyPolicy(), tl, j)
+    assert srifty.deadline_met and srifty.ondemand_hours == 0.0
+    assert srifty.cost == pytest.approx((4.0 + 2 * 0.2) * SPOT)
+    # Uniform Progress falls behind ep(t) during the outage and pays on-demand for it.
+    up = simulate(UniformProgressPolicy(), tl, j)
+    assert up.ondemand_hours > 0 and up.cost > srifty.cost
+
+
+def test_srifty_goes_on_demand_when_slack_reaches_the_reserve() -> None:
+    # Spot dies for good after 1 h: waiting is right at first, then on-demand must
+    # start early enough to keep the reserve, and the deadline is met.
+    c, deadline = 4.0, 8.0
+    tl = timeline([1] * 20 + [0] * 400)
+    recorder = Recorder(SriftyPolicy())
+    result = simulate(recorder, tl, job(c, deadline))
+    assert result.deadline_met
+    switch = next(e for e in result.events if e.target == "on-demand")
+    assert switch.time_hours > 1.5  # waited a while instead of paying at once
+    obs = recorder.seen[round(switch.time_hours / GAP)]
+    reserve = SriftyPolicy().reserve_hours(obs)
+    assert reserve > 0
+    # It switched on the tick the slack came down to the reserve, not later.
+    assert obs.ondemand_slack_hours - obs.changeover_hours - 2 * GAP <= reserve
+    assert obs.ondemand_slack_hours - obs.changeover_hours - 2 * GAP > reserve - 2 * GAP
+
+
+def test_srifty_reserve_grows_with_interruptions_and_shrinks_with_work_left() -> None:
+    steady = timeline([1] * 300)
+    flaky = timeline(([1] * 4 + [0]) * 60)
+    seen: dict[str, list[Observation]] = {}
+    for name, tl in (("steady", steady), ("flaky", flaky)):
+        recorder = Recorder(SriftyPolicy())
+        simulate(recorder, tl, job(3.0, 6.0), start_tick=100)
+        seen[name] = recorder.seen
+    policy = SriftyPolicy()
+    first = {k: policy.reserve_hours(v[0]) for k, v in seen.items()}
+    assert first["flaky"] > 5 * first["steady"]
+    # Less work left, less slack to keep.
+    steady_run = [policy.reserve_hours(o) for o in seen["steady"]]
+    assert steady_run[-1] < steady_run[0]
+
+
+def test_srifty_weighs_old_history_as_one_deadline_at_most() -> None:
+    # The job starts into a stormy market after a calm past of D hours or of 10·D hours.
+    # Old history is capped at D hours of evidence, so both see the same rates; without
+    # the cap the long calm past would hide the storm.
+    c, deadline = 2.0, 4.0
+    storm = ([1] * 3 + [0]) * 40
+    short_calm = int(deadline / GAP)
+    reserves = []
+    for calm in (short_calm, 10 * short_calm):
+        tl = timeline([1] * calm + storm)
+        recorder = Recorder(SriftyPolicy())
+        simulate(recorder, tl, job(c, deadline), start_tick=calm)
+        later = recorder.seen[40]  # 2 h into the job
+        reserves.append(SriftyPolicy().reserve_hours(later))
+    assert reserves[0] == pytest.approx(reserves[1])
+
+
+# Repeating on/off patterns of up to 40 ticks, tiled over 480 ticks (24 h).
+availability = st.lists(st.booleans(), min_size=1, max_size=40).map(
+    lambda bits: np.resize(np.asarray(bits, dtype=np.int64), 480)
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    zones=st.lists(availability, min_size=1, max_size=3),
+    work=st.floats(0.3, 4.0),
+    spare=st.floats(0.0, 3.0),
+    start=st.integers(0, 40),
+    periodic=st.booleans(),
+)
+def test_srifty_never_misses_a_deadline_that_on_demand_could_meet(
+    zones: list[np.ndarray], work: float, spare: float, start: int, periodic: bool
+) -> None:
+    d = 0.2
+    tl = timeline(*zones)
+    checkpoint = CheckpointModel("periodic", 0.02, 5.0) if periodic else CheckpointModel()
+    # On-demand from submission needs C + d; any deadline from there on must be met.
+    j = job(work, work + d + spare, len(zones), changeover_hours=d, checkpoint=checkpoint)
+    result = simulate(SriftyPolicy(), tl, j, start_tick=start)
+    assert result.deadline_met, (result.finish_hours, j.deadline_hours)
+
+
+@pytest.mark.parametrize("spare", [0.0, 0.12, 0.25, 0.37, 0.5])
+def test_srifty_meets_every_deadline_on_all_short_adversarial_patterns(spare: float) -> None:
+    # Every on/off pattern of the first 10 ticks, spot gone for good afterwards: the
+    # market can preempt the job at the worst tick. Slack of up to two changeovers is
+    # where a policy that restarts spot without room for the way back fails.
+    c, d = 0.5, 0.2
+    for bits in itertools.product((0, 1), repeat=10):
+        tl = timeline(list(bits) + [0] * 60)
+        result = simulate(SriftyPolicy(), tl, job(c, c + d + spare, changeover_hours=d))
+        assert result.deadline_met, (bits, spare, result.finish_hours)

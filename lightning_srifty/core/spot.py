@@ -891,6 +891,79 @@ def simulate(
     )
 
 
+def offline_optimal_cost(
+    timeline: SpotTimeline, job: SpotJob, *, start_tick: int = 0, gang: int | None = None
+) -> float:
+    """Lower bound on what any policy can pay for ``job``: the cheapest schedule that
+    knows the whole future trace.
+
+    A dynamic program over ticks, placements (idle, spot in each zone, on-demand) and
+    whole ticks of progress finds the cheapest way to finish by the deadline, paying the
+    changeover on every start and losing the placement when its zone goes down, as
+    :func:`simulate` does. To stay on the tick grid it rounds in the schedule's favour:
+    the changeover and the work are rounded *down* to whole ticks and the deadline *up*,
+    so every schedule the simulator can play is also feasible here at no more cost, and
+    the result is a true lower bound (exact when ``d``, ``C`` and ``D`` are multiples of
+    the tick). Checkpoint costs are ignored, which only lowers it further.
+
+    It exists so the benchmark has a reference: how close an online policy gets to what
+    was possible on that stretch of trace, and how much is inherent to the market.
+
+    Returns:
+        The cost in $ (compare with :attr:`SimulationResult.cost`); ``inf`` if even
+        on-demand from the start could not make the deadline.
+    """
+    if len(job.spot_prices) != len(timeline.zones):
+        raise ConfigError(f"{len(job.spot_prices)} spot prices for {len(timeline.zones)} zones")
+    if not 0 <= start_tick < timeline.ticks:
+        raise ConfigError(f"start tick {start_tick} outside the trace (0..{timeline.ticks - 1})")
+    gap = timeline.gap_hours
+    eps = 1e-9
+    change = int(math.floor(job.changeover_hours / gap + eps))
+    work = int(math.floor(job.job_hours / gap + eps))
+    ticks = int(math.ceil(job.deadline_hours / gap - eps))
+    if work == 0:
+        return 0.0
+    zones_n = len(timeline.zones)
+    span = ticks + change + 1
+    up = np.ones((zones_n + 1, span), dtype=bool)  # last row: on-demand, always up
+    up[:zones_n] = False  # past the end of the trace spot is down, as in simulate()
+    part = timeline.available(gang)[:, start_tick : start_tick + span]
+    up[:zones_n, : part.shape[1]] = part
+    step = np.array([*job.spot_prices, job.ondemand_price], dtype=float) * gap
+    # holds[p, t]: placement p stays up through the changeover ticks t .. t + change - 1.
+    downs = np.concatenate([np.zeros((zones_n + 1, 1)), np.cumsum(~up, axis=1)], axis=1)
+    holds = np.zeros_like(up)
+    holds[:, : span - change + 1] = (downs[:, change:] - downs[:, : span - change + 1]) == 0
+
+    inf = math.inf
+    running = np.full((zones_n + 1, work), inf)  # [placement, progress] after changeover
+    idle = np.full(work, inf)
+    idle[0] = 0.0
+    arriving = np.full((change + 1, zones_n + 1, work), inf)  # starts ending their changeover
+    best_done = inf
+    for t in range(ticks):
+        slot = t % (change + 1)
+        np.minimum(running, arriving[slot], out=running)
+        arriving[slot].fill(inf)
+        down = ~up[:, t]
+        if down.any():
+            idle = np.minimum(idle, running[down].min(axis=0))
+            running[down] = inf
+        idle = np.minimum(idle, running.min(axis=0))  # any state may stop and wait
+        if change == 0:
+            ok = up[:, t]
+            running[ok] = np.minimum(running[ok], idle[None, :])
+        else:
+            ok = holds[:, t]
+            land = arriving[(t + change) % (change + 1)]
+            land[ok] = np.minimum(land[ok], idle[None, :] + change * step[ok][:, None])
+        best_done = min(best_done, float((running[:, work - 1] + step).min()))
+        running[:, 1:] = running[:, :-1] + step[:, None]
+        running[:, 0] = inf
+    return best_done
+
+
 def _apply(
     action: Action, placement: Placement, available: tuple[bool, ...], policy: str
 ) -> Placement:

@@ -27,6 +27,7 @@ from lightning_srifty.core.spot import (
     UniformProgressPolicy,
     combine_timelines,
     make_policy,
+    offline_optimal_cost,
     simulate,
     young_daly_interval,
 )
@@ -404,3 +405,85 @@ def test_srifty_meets_every_deadline_on_all_short_adversarial_patterns(spare: fl
         tl = timeline(list(bits) + [0] * 60)
         result = simulate(SriftyPolicy(), tl, job(c, c + d + spare, changeover_hours=d))
         assert result.deadline_met, (bits, spare, result.finish_hours)
+
+
+# ------------------------------------------------------------------ offline optimum
+
+
+def _scripted(plan: tuple[str, ...]) -> Policy:
+    """A policy that asks for a fixed placement per tick (the oracle knows the future)."""
+
+    class Scripted:
+        name = "scripted"
+
+        def decide(self, observation: Observation) -> Action:
+            tick = min(round(observation.time_hours / GAP_BRUTE), len(plan) - 1)
+            want = plan[tick]
+            here = observation.placement
+            if want == "idle":
+                return Action.stay() if here.kind == "idle" else Action.idle()
+            if want == "od":
+                return Action.stay() if here.kind == "on-demand" else Action.on_demand()
+            zone = int(want[1:])
+            if here.kind == "spot" and here.zone == zone:
+                return Action.stay()
+            return Action.spot(zone)
+
+    return Scripted()
+
+
+GAP_BRUTE = 0.1
+
+
+@pytest.mark.parametrize(
+    "zones",
+    [
+        ([1, 1, 0, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0, 1]),
+        ([1, 0, 1, 0, 1, 0, 1], [0, 1, 0, 1, 0, 1, 0]),
+        ([0, 0, 1, 1, 1, 0, 1], [0, 0, 0, 0, 0, 0, 0]),
+        ([1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]),
+    ],
+)
+def test_offline_optimum_equals_brute_force_on_the_tick_grid(
+    zones: tuple[list[int], ...],
+) -> None:
+    # d = 2 ticks, C = 2 ticks, D = 6 ticks: every open-loop schedule is enumerable.
+    tl = timeline(*zones, gap=GAP_BRUTE)
+    j = SpotJob(0.2, 0.6, (1.0, 0.7), 3.0, changeover_hours=0.2)
+    best = math.inf
+    for plan in itertools.product(("idle", "z0", "z1", "od"), repeat=6):
+        try:
+            r = simulate(_scripted(plan), tl, j)
+        except ValueError:  # asked for a zone that is down
+            continue
+        if r.deadline_met:
+            best = min(best, r.cost)
+    assert offline_optimal_cost(tl, j) == pytest.approx(best)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    zones=st.lists(availability, min_size=1, max_size=3),
+    work=st.floats(0.3, 3.0),
+    spare=st.floats(0.0, 3.0),
+    start=st.integers(0, 40),
+)
+def test_offline_optimum_is_a_lower_bound_for_every_policy(
+    zones: list[np.ndarray], work: float, spare: float, start: int
+) -> None:
+    tl = timeline(*zones)
+    j = job(work, work + 0.2 + spare, len(zones))
+    bound = offline_optimal_cost(tl, j, start_tick=start)
+    for policy in [*SPOT_POLICIES, OnDemandPolicy()]:
+        result = simulate(policy, tl, j, start_tick=start)
+        if result.deadline_met:
+            assert bound <= result.cost + 1e-9, policy.name
+
+
+def test_offline_optimum_on_always_available_spot_is_one_changeover() -> None:
+    tl = timeline([1] * 200, [1] * 200)
+    j = SpotJob(2.0, 3.0, (1.5, 0.9), OD, changeover_hours=0.2)
+    assert offline_optimal_cost(tl, j) == pytest.approx(2.2 * 0.9)
+    # With spot never up it is on-demand from the start.
+    none = timeline([0] * 200)
+    assert offline_optimal_cost(none, job(2.0, 3.0)) == pytest.approx(2.2 * OD)

@@ -289,6 +289,7 @@ def test_srifty_costs_no_more_than_uniform_progress_on_real_windows(shared_data:
     for start in (0, 5000, 10000, 15000):
         r = simulate(SriftyPolicy(), tl, j_all, start_tick=start)
         assert r.deadline_met
+        assert offline_optimal_cost(tl, j_all, start_tick=start) <= r.cost + 1e-9
         srifty_all.append(r.cost_ratio)
         for z in (0, 4, 8):  # worst, middle and best zone of the set
             sub = tl.select([z])

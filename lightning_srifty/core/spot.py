@@ -241,6 +241,37 @@ class Action:
 
 
 @dataclass(frozen=True)
+class MarketCounts:
+    """Counts of what the spot market did over a stretch of the past, per zone and overall.
+
+    Only sums over ticks already seen, so a policy built on them cannot peek ahead.
+    """
+
+    hours: float
+    """Hours watched."""
+    up_hours: tuple[float, ...]
+    """Per zone: hours spot was up."""
+    interruptions: tuple[int, ...]
+    """Per zone: up-to-down transitions."""
+    any_up_hours: float
+    """Hours spot was up in at least one zone."""
+    any_interruptions: int
+    """Transitions from spot up somewhere to spot down everywhere (market-wide outages)."""
+
+    def since(self, earlier: MarketCounts) -> MarketCounts:
+        """What happened between ``earlier`` and these counts."""
+        return MarketCounts(
+            hours=self.hours - earlier.hours,
+            up_hours=tuple(a - b for a, b in zip(self.up_hours, earlier.up_hours, strict=True)),
+            interruptions=tuple(
+                a - b for a, b in zip(self.interruptions, earlier.interruptions, strict=True)
+            ),
+            any_up_hours=self.any_up_hours - earlier.any_up_hours,
+            any_interruptions=self.any_interruptions - earlier.any_interruptions,
+        )
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything a policy may know at one tick: the present and counts of the past."""
 
@@ -265,10 +296,24 @@ class Observation:
     spot_prices: tuple[float, ...]
     """$/h per zone for the whole job (all gang nodes)."""
     ondemand_price: float
-    up_hours_seen: tuple[float, ...]
-    """Per zone: hours spot was seen up before now (since the market was first watched)."""
-    interruptions_seen: tuple[int, ...]
-    """Per zone: up-to-down transitions seen up to now."""
+    market: MarketCounts
+    """What the market did from when it was first watched until now."""
+    history: MarketCounts
+    """The part of :attr:`market` seen before the job was submitted.
+
+    ``market`` minus ``history`` is what happened during this job. Policies use the
+    split to weigh old history less than the present: spot markets drift over days.
+    """
+
+    @property
+    def up_hours_seen(self) -> tuple[float, ...]:
+        """Per zone: hours spot was seen up before now (since the market was first watched)."""
+        return self.market.up_hours
+
+    @property
+    def interruptions_seen(self) -> tuple[int, ...]:
+        """Per zone: up-to-down transitions seen up to now."""
+        return self.market.interruptions
 
     @property
     def remaining_hours(self) -> float:
@@ -395,80 +440,138 @@ def _cbl_safety_net(obs: Observation) -> bool:
 
 @dataclass(frozen=True)
 class SriftyPolicy:
-    """Deadline-aware, multi-zone: migrate to another zone's spot before paying on-demand.
+    """Deadline-aware, multi-zone: spend slack on waiting for spot, keep enough for the end.
 
-    It is Uniform Progress generalised to zones, with a tighter safety net. Rules, in
-    order, all from the present observation:
+    Slack (time left minus the work left, see :attr:`Observation.ondemand_slack_hours`)
+    is the resource. Waiting through an outage spends it without spending money;
+    on-demand buys it back at ``K`` times the spot price. Seen as a flow, an hour of
+    on-demand bought now costs what the same hour costs later, and later the job knows
+    more (spot may come back and make it unnecessary), so on-demand is best deferred —
+    *unless* the job runs out of slack while work is left: from then on every hour is
+    on-demand, even while spot is up, because a changeover no longer fits. What the job
+    needs slack for near the deadline is the changeovers that let it follow spot: ``d``
+    for every preemption (restart elsewhere) and ``d`` more for every market-wide outage
+    (back from on-demand to spot). Uniform Progress instead keeps slack proportional to
+    the work left at the initial slack ratio, and so buys on-demand early even when the
+    slack is ample. This policy keeps a
+    **reserve** of ``R · d · (λ_zone + λ_any)`` (``R`` the work left, ``λ_zone`` the
+    interruptions per up-hour of the zone it prefers, ``λ_any`` the market-wide outages
+    per up-hour) and spends any slack above it waiting instead of paying for on-demand.
 
-    1. Safety net: if the slack left after a switch to on-demand (see
-       :attr:`Observation.ondemand_slack_hours`) is under two ticks, go (or stay)
-       on-demand. Slack falls by at most one tick between decisions, so the job can
-       always still switch and finish in time; no rule below may spend slack that would
-       take it under this line.
+    Rates are estimated online from :class:`MarketCounts`: what happened during the job
+    counts in full; older history counts as at most one deadline's worth of hours (spot
+    markets drift over days, so a month-old average must not outvote the present), and a
+    weak prior of ``prior_interruptions_per_hour`` over one hour covers a market never
+    seen before.
+
+    Rules, in order, all from the present observation:
+
+    1. Safety net: if the slack is under two ticks, go (or stay) on-demand. Slack falls
+       by at most one tick between decisions, so the job can always still switch and
+       finish in time; no rule below spends slack that would take it under this line.
     2. Running on spot that is still up: stay.
-    3. Idle or just preempted, spot up somewhere and the slack pays one more changeover
-       above the net: (re)start in the zone with the lowest expected cost per useful hour
-       (price times ``1 + rate·d``, the rate being the interruptions per up-hour seen in
-       that zone so far).
-    4. On on-demand: leave only when the slack pays a round trip (two changeovers) and
-       either the job is ``2d`` ahead of ``ep(t)`` (Uniform Progress's hysteresis, so it
-       does not flap) or spot is up in at least two zones, so a preemption can migrate
-       to a spare zone instead of coming back.
-    5. No spot anywhere: on-demand if behind ``ep(t) = t·C/D``, otherwise wait.
+    3. On on-demand with spot up: leave if the slack pays a round trip (two
+       changeovers) and one of: spot is up in two zones or more (a preemption can
+       migrate instead of coming back), the round trip leaves the reserve intact, or the
+       job is ``2d`` ahead of Uniform Progress's ``ep(t)`` (where Uniform Progress itself
+       would leave).
+    4. Idle or just preempted, spot up somewhere and the slack pays one more changeover:
+       (re)start in the zone with the lowest expected cost per useful hour (price times
+       ``1 + λ·d``).
+    5. No spot anywhere: wait while the slack stays above the reserve (plus the
+       changeover on-demand will cost), otherwise on-demand.
 
-    With a single zone rule 4's second clause never holds and the policy is Uniform
-    Progress with the tighter net, so it costs no more than Uniform Progress there.
+    With one zone the market-wide rate is the zone's own and the reserve is ``2·d·λ·R``.
     """
 
     name: str = "srifty"
     prior_interruptions_per_hour: float = 0.1
-    """Weak prior for a zone with no history: one interruption per 10 h of uptime,
-    weighted as one observed hour so a zone's own history dominates within hours."""
+    """Weak prior for a market with no history: one interruption per 10 h of uptime,
+    weighted as one observed hour, so the market's own history dominates within hours."""
 
     def decide(self, observation: Observation) -> Action:
         obs = observation
-        gap = obs.gap_hours
         d = obs.changeover_hours
         slack = obs.ondemand_slack_hours
         kind = obs.placement.kind
-        if slack < 2 * gap:
+        net = 2 * obs.gap_hours
+        if slack < net:
             if kind == "on-demand":
                 return Action.stay()
             return Action.on_demand("safety net: slack below two ticks")
         if kind == "spot":
             return Action.stay()
 
-        # Slack after paying one more changeover must still clear the net.
-        room = slack - d - 2 * gap
-        best = self._best_zone(obs)
-        ep = obs.expected_progress_hours
+        rates, any_rate = self._rates(obs)
+        best = self._best_zone(obs, rates, only_up=True)
+        reserve = self._reserve(obs, rates, any_rate)
         if kind == "on-demand":
-            spare_zone = sum(obs.available) >= 2
-            if room < d or (obs.progress_hours < ep + 2 * d and not spare_zone):
+            if best is None or slack - 2 * d < net:
                 return Action.stay()
-            if best is not None:
-                why = "spot up in two zones or more" if spare_zone else "ahead of uniform progress"
-                return Action.spot(best, why)
-            return Action.idle("ahead of uniform progress, no spot")
-        if best is not None and room >= 0:
+            if sum(obs.available) >= 2:
+                return Action.spot(best, "spot up in two zones or more")
+            if slack - 2 * d >= reserve + net:
+                return Action.spot(best, "slack above the reserve pays a round trip")
+            if obs.progress_hours >= obs.expected_progress_hours + 2 * d:
+                return Action.spot(best, "ahead of uniform progress")
+            return Action.stay()
+        if best is not None and slack - d >= net:
             return Action.spot(best, "migrating to another zone" if obs.preempted else "spot up")
-        if obs.progress_hours < ep:
-            return Action.on_demand("no spot in any zone, behind uniform progress")
-        return Action.stay()
+        if slack - d - net > reserve:
+            if kind == "idle":
+                return Action.stay()
+            return Action.idle("no spot in any zone, slack above the reserve: wait")
+        return Action.on_demand("no spot in any zone, slack down to the reserve")
 
-    def _rate(self, obs: Observation, zone: int) -> float:
-        return (obs.interruptions_seen[zone] + self.prior_interruptions_per_hour) / (
-            obs.up_hours_seen[zone] + 1.0
+    def reserve_hours(self, obs: Observation) -> float:
+        """Slack to keep for the changeovers of the work left: ``R · d · (λ_zone + λ_any)``."""
+        return self._reserve(obs, *self._rates(obs))
+
+    def _reserve(self, obs: Observation, rates: tuple[float, ...], any_rate: float) -> float:
+        zone = self._best_zone(obs, rates, only_up=False)
+        zone_rate = 0.0 if zone is None else rates[zone]
+        return obs.remaining_at_risk_hours * obs.changeover_hours * (zone_rate + any_rate)
+
+    def _rate(
+        self, during: tuple[float, float], before: tuple[float, float], obs: Observation
+    ) -> float:
+        """Events per hour: the job's own window in full, older history capped at ``D`` hours."""
+        events, hours = during
+        old_events, old_hours = before
+        weight = min(1.0, obs.deadline_hours / old_hours) if old_hours > 0 else 0.0
+        return (events + weight * old_events + self.prior_interruptions_per_hour) / (
+            hours + weight * old_hours + 1.0
         )
 
-    def _best_zone(self, obs: Observation) -> int | None:
+    def _rates(self, obs: Observation) -> tuple[tuple[float, ...], float]:
+        """Interruptions per up-hour of every zone, and market-wide outages per up-hour."""
+        old = obs.history
+        new = obs.market.since(old)
+        zones = tuple(
+            self._rate(
+                (new.interruptions[z], new.up_hours[z]),
+                (old.interruptions[z], old.up_hours[z]),
+                obs,
+            )
+            for z in range(len(obs.available))
+        )
+        anywhere = self._rate(
+            (new.any_interruptions, new.any_up_hours),
+            (old.any_interruptions, old.any_up_hours),
+            obs,
+        )
+        return zones, anywhere
+
+    @staticmethod
+    def _best_zone(obs: Observation, rates: tuple[float, ...], *, only_up: bool) -> int | None:
+        """Zone with the lowest expected cost per useful hour, ``price · (1 + λ·d)``: each
+        interruption costs a changeover, so the useful share of a paid hour is
+        ``1 / (1 + λ·d)``."""
         best: tuple[float, int] | None = None
         for zone, up in enumerate(obs.available):
-            if not up:
+            if only_up and not up:
                 continue
-            rate = self._rate(obs, zone)
-            # Each interruption costs a changeover: useful share = 1 / (1 + rate·d).
-            cost = obs.spot_prices[zone] * (1.0 + rate * obs.changeover_hours)
+            cost = obs.spot_prices[zone] * (1.0 + rates[zone] * obs.changeover_hours)
             if best is None or cost < best[0]:
                 best = (cost, zone)
         return None if best is None else best[1]
@@ -631,6 +734,12 @@ def simulate(
     falls[:, 1:] = full[:, :-1] & ~full[:, 1:]
     up_before = np.cumsum(full, axis=1) - full
     falls_so_far = np.cumsum(falls, axis=1)
+    anywhere = np.asarray(full.any(axis=0))
+    any_falls = np.zeros(anywhere.shape, dtype=np.int64)
+    any_falls[1:] = anywhere[:-1] & ~anywhere[1:]
+    any_up_before = np.cumsum(anywhere) - anywhere
+    any_falls_so_far = np.cumsum(any_falls)
+
     last = full.shape[1] - 1
     zones_n = len(timeline.zones)
     gap = timeline.gap_hours
@@ -641,6 +750,16 @@ def simulate(
     never = tuple(False for _ in range(zones_n))
     prices = tuple(float(p) for p in job.spot_prices)
 
+    def counts(tick: int) -> MarketCounts:
+        return MarketCounts(
+            hours=tick * gap,
+            up_hours=tuple((up_before[:, tick] * gap).tolist()),
+            interruptions=tuple(falls_so_far[:, tick].tolist()),
+            any_up_hours=float(any_up_before[tick]) * gap,
+            any_interruptions=int(any_falls_so_far[tick]),
+        )
+
+    history = counts(start_tick)
     placement = IDLE
     progress = 0.0
     saved = 0.0
@@ -655,9 +774,7 @@ def simulate(
     while tick * gap < horizon:
         now = tick * gap
         current = rows[tick] if tick < len(rows) else never
-        seen = min(start_tick + tick, last)
-        seen_up = tuple((up_before[:, seen] * gap).tolist())
-        seen_falls = tuple(falls_so_far[:, seen].tolist())
+        market = counts(min(start_tick + tick, last))
         preempted = False
         lost = 0.0
         source = placement
@@ -682,8 +799,8 @@ def simulate(
             available=current,
             spot_prices=prices,
             ondemand_price=job.ondemand_price,
-            up_hours_seen=seen_up,
-            interruptions_seen=seen_falls,
+            market=market,
+            history=history,
         )
         action = policy.decide(obs)
         target = _apply(action, placement, current, policy.name)
@@ -725,7 +842,7 @@ def simulate(
             changeover_left -= step
             budget -= step
             interval = (
-                ckpt.interval_hours(sum(seen_up), sum(seen_falls))
+                ckpt.interval_hours(sum(market.up_hours), sum(market.interruptions))
                 if periodic and placement.kind == "spot"
                 else math.inf
             )
@@ -772,6 +889,79 @@ def simulate(
         migrations=migrations,
         events=tuple(events),
     )
+
+
+def offline_optimal_cost(
+    timeline: SpotTimeline, job: SpotJob, *, start_tick: int = 0, gang: int | None = None
+) -> float:
+    """Lower bound on what any policy can pay for ``job``: the cheapest schedule that
+    knows the whole future trace.
+
+    A dynamic program over ticks, placements (idle, spot in each zone, on-demand) and
+    whole ticks of progress finds the cheapest way to finish by the deadline, paying the
+    changeover on every start and losing the placement when its zone goes down, as
+    :func:`simulate` does. To stay on the tick grid it rounds in the schedule's favour:
+    the changeover and the work are rounded *down* to whole ticks and the deadline *up*,
+    so every schedule the simulator can play is also feasible here at no more cost, and
+    the result is a true lower bound (exact when ``d``, ``C`` and ``D`` are multiples of
+    the tick). Checkpoint costs are ignored, which only lowers it further.
+
+    It exists so the benchmark has a reference: how close an online policy gets to what
+    was possible on that stretch of trace, and how much is inherent to the market.
+
+    Returns:
+        The cost in $ (compare with :attr:`SimulationResult.cost`); ``inf`` if even
+        on-demand from the start could not make the deadline.
+    """
+    if len(job.spot_prices) != len(timeline.zones):
+        raise ConfigError(f"{len(job.spot_prices)} spot prices for {len(timeline.zones)} zones")
+    if not 0 <= start_tick < timeline.ticks:
+        raise ConfigError(f"start tick {start_tick} outside the trace (0..{timeline.ticks - 1})")
+    gap = timeline.gap_hours
+    eps = 1e-9
+    change = int(math.floor(job.changeover_hours / gap + eps))
+    work = int(math.floor(job.job_hours / gap + eps))
+    ticks = int(math.ceil(job.deadline_hours / gap - eps))
+    if work == 0:
+        return 0.0
+    zones_n = len(timeline.zones)
+    span = ticks + change + 1
+    up = np.ones((zones_n + 1, span), dtype=bool)  # last row: on-demand, always up
+    up[:zones_n] = False  # past the end of the trace spot is down, as in simulate()
+    part = timeline.available(gang)[:, start_tick : start_tick + span]
+    up[:zones_n, : part.shape[1]] = part
+    step = np.array([*job.spot_prices, job.ondemand_price], dtype=float) * gap
+    # holds[p, t]: placement p stays up through the changeover ticks t .. t + change - 1.
+    downs = np.concatenate([np.zeros((zones_n + 1, 1)), np.cumsum(~up, axis=1)], axis=1)
+    holds = np.zeros_like(up)
+    holds[:, : span - change + 1] = (downs[:, change:] - downs[:, : span - change + 1]) == 0
+
+    inf = math.inf
+    running = np.full((zones_n + 1, work), inf)  # [placement, progress] after changeover
+    idle = np.full(work, inf)
+    idle[0] = 0.0
+    arriving = np.full((change + 1, zones_n + 1, work), inf)  # starts ending their changeover
+    best_done = inf
+    for t in range(ticks):
+        slot = t % (change + 1)
+        np.minimum(running, arriving[slot], out=running)
+        arriving[slot].fill(inf)
+        down = ~up[:, t]
+        if down.any():
+            idle = np.minimum(idle, running[down].min(axis=0))
+            running[down] = inf
+        idle = np.minimum(idle, running.min(axis=0))  # any state may stop and wait
+        if change == 0:
+            ok = up[:, t]
+            running[ok] = np.minimum(running[ok], idle[None, :])
+        else:
+            ok = holds[:, t]
+            land = arriving[(t + change) % (change + 1)]
+            land[ok] = np.minimum(land[ok], idle[None, :] + change * step[ok][:, None])
+        best_done = min(best_done, float((running[:, work - 1] + step).min()))
+        running[:, 1:] = running[:, :-1] + step[:, None]
+        running[:, 0] = inf
+    return best_done
 
 
 def _apply(

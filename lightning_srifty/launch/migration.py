@@ -17,6 +17,9 @@ How the live world maps onto the policy's:
 * **Time and progress** are in hours of work on the slowest candidate, so a faster plan
   finishes early rather than late (deadline reasoning stays on the safe side), and
   prices become dollars per such hour (a fast expensive plan can be the cheaper one).
+* **Market counts** are what the controller saw: hours it ran on each offer and the
+  revocations there; a decision that finds no offer available counts as a market-wide
+  outage. A live job has no market history from before it was submitted.
 * **Actions**: ``spot`` launches that zone's plan, ``on-demand`` the best on-demand plan,
   ``idle``/``stay`` wait and ask again.
 """
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 
 from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import ConfigError
-from lightning_srifty.core.spot import IDLE, Observation, Policy
+from lightning_srifty.core.spot import IDLE, MarketCounts, Observation, Policy
 
 OfferKey = tuple[str, str]
 """(instance type, zone)."""
@@ -91,6 +94,10 @@ class PolicyDecider:
     changeover_h: float
     wait_h: float
     history: dict[OfferKey, ZoneHistory] = field(default_factory=dict)
+    outages: int = 0
+    """Decisions that found no spot offer available right after one that found some
+    (the live stand-in for a market-wide outage)."""
+    _any_up_before: bool = True
 
     def record(self, key: OfferKey, ran_hours: float, preempted: bool) -> None:
         """Accounts one attempt on ``key`` (what the policy's rate estimates learn from)."""
@@ -124,6 +131,20 @@ class PolicyDecider:
 
         hours_per_step = slowest / 3600.0
         seen = [self.history.get(k, ZoneHistory()) for k in keys]
+        available = tuple(
+            p is not None and k not in cooling for p, k in zip(zones, keys, strict=True)
+        )
+        if self._any_up_before and not any(available):
+            self.outages += 1
+        self._any_up_before = any(available)
+        market = MarketCounts(
+            hours=elapsed_h,
+            up_hours=tuple(z.up_hours for z in seen),
+            interruptions=tuple(z.interruptions for z in seen),
+            any_up_hours=sum(z.up_hours for z in self.history.values()),
+            any_interruptions=self.outages,
+        )
+        nothing_before = MarketCounts(0.0, (0.0,) * len(keys), (0,) * len(keys), 0.0, 0)
         observation = Observation(
             time_hours=elapsed_h,
             gap_hours=self.wait_h,
@@ -135,13 +156,11 @@ class PolicyDecider:
             changeover_left_hours=0.0,
             placement=IDLE,
             preempted=preempted,
-            available=tuple(
-                p is not None and k not in cooling for p, k in zip(zones, keys, strict=True)
-            ),
+            available=available,
             spot_prices=tuple(per_work_hour(p) for p in zones),
             ondemand_price=per_work_hour(found.on_demand),
-            up_hours_seen=tuple(z.up_hours for z in seen),
-            interruptions_seen=tuple(z.interruptions for z in seen),
+            market=market,
+            history=nothing_before,
         )
         action = self.policy.decide(observation)
         why = f"{self.policy.name}: {action.reason}" if action.reason else self.policy.name

@@ -3,12 +3,15 @@ windows of the real Can't Be Late traces."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.spot import (
@@ -24,6 +27,7 @@ from lightning_srifty.core.spot import (
     UniformProgressPolicy,
     combine_timelines,
     make_policy,
+    offline_optimal_cost,
     simulate,
     young_daly_interval,
 )
@@ -146,6 +150,15 @@ def test_policy_sees_only_the_present_tick() -> None:
             assert not isinstance(value, np.ndarray)
             if isinstance(value, tuple):
                 assert len(value) == 3
+        # Market counts cover the ticks before this one and nothing later.
+        past = np.asarray(zones)[:, : start + tick]
+        assert obs.market.hours == pytest.approx((start + tick) * GAP)
+        assert obs.market.up_hours == pytest.approx(tuple(past.sum(axis=1) * GAP))
+        assert obs.market.any_up_hours == pytest.approx(past.any(axis=0).sum() * GAP)
+        assert obs.history.hours == pytest.approx(start * GAP)
+        assert obs.history.up_hours == pytest.approx(
+            tuple(np.asarray(zones)[:, :start].sum(axis=1) * GAP)
+        )
 
 
 def test_future_availability_does_not_change_past_decisions() -> None:
@@ -276,6 +289,7 @@ def test_srifty_costs_no_more_than_uniform_progress_on_real_windows(shared_data:
     for start in (0, 5000, 10000, 15000):
         r = simulate(SriftyPolicy(), tl, j_all, start_tick=start)
         assert r.deadline_met
+        assert offline_optimal_cost(tl, j_all, start_tick=start) <= r.cost + 1e-9
         srifty_all.append(r.cost_ratio)
         for z in (0, 4, 8):  # worst, middle and best zone of the set
             sub = tl.select([z])
@@ -288,3 +302,189 @@ def test_srifty_costs_no_more_than_uniform_progress_on_real_windows(shared_data:
     assert np.mean(srifty_all) < np.mean(up_one)
     # Any-zone spot is up ~91 % of the time: all nine zones get close to the spot price.
     assert np.mean(srifty_all) < 0.5
+
+
+# ------------------------------------------------------------- srifty's slack reserve
+
+
+def test_srifty_waits_out_an_outage_when_slack_is_ample() -> None:
+    # One zone, down for half an hour after 1 h of running; 4 h of work, 6 h to do it.
+    tl = timeline([1] * 20 + [0] * 10 + [1] * 400)
+    j = job(4.0, 6.0)
+    srifty = simulate(SriftyPolicy(), tl, j)
+    assert srifty.deadline_met and srifty.ondemand_hours == 0.0
+    assert srifty.cost == pytest.approx((4.0 + 2 * 0.2) * SPOT)
+    # Uniform Progress falls behind ep(t) during the outage and pays on-demand for it.
+    up = simulate(UniformProgressPolicy(), tl, j)
+    assert up.ondemand_hours > 0 and up.cost > srifty.cost
+
+
+def test_srifty_goes_on_demand_when_slack_reaches_the_reserve() -> None:
+    # Spot dies for good after 1 h: waiting is right at first, then on-demand must
+    # start early enough to keep the reserve, and the deadline is met.
+    c, deadline = 4.0, 8.0
+    tl = timeline([1] * 20 + [0] * 400)
+    recorder = Recorder(SriftyPolicy())
+    result = simulate(recorder, tl, job(c, deadline))
+    assert result.deadline_met
+    switch = next(e for e in result.events if e.target == "on-demand")
+    assert switch.time_hours > 1.5  # waited a while instead of paying at once
+    obs = recorder.seen[round(switch.time_hours / GAP)]
+    reserve = SriftyPolicy().reserve_hours(obs)
+    assert reserve > 0
+    # It switched on the tick the slack came down to the reserve, not later.
+    assert obs.ondemand_slack_hours - obs.changeover_hours - 2 * GAP <= reserve
+    assert obs.ondemand_slack_hours - obs.changeover_hours - 2 * GAP > reserve - 2 * GAP
+
+
+def test_srifty_reserve_grows_with_interruptions_and_shrinks_with_work_left() -> None:
+    steady = timeline([1] * 300)
+    flaky = timeline(([1] * 4 + [0]) * 60)
+    seen: dict[str, list[Observation]] = {}
+    for name, tl in (("steady", steady), ("flaky", flaky)):
+        recorder = Recorder(SriftyPolicy())
+        simulate(recorder, tl, job(3.0, 6.0), start_tick=100)
+        seen[name] = recorder.seen
+    policy = SriftyPolicy()
+    first = {k: policy.reserve_hours(v[0]) for k, v in seen.items()}
+    assert first["flaky"] > 5 * first["steady"]
+    # Less work left, less slack to keep.
+    steady_run = [policy.reserve_hours(o) for o in seen["steady"]]
+    assert steady_run[-1] < steady_run[0]
+
+
+def test_srifty_weighs_old_history_as_one_deadline_at_most() -> None:
+    # The job starts into a stormy market after a calm past of D hours or of 10·D hours.
+    # Old history is capped at D hours of evidence, so both see the same rates; without
+    # the cap the long calm past would hide the storm.
+    c, deadline = 2.0, 4.0
+    storm = ([1] * 3 + [0]) * 40
+    short_calm = int(deadline / GAP)
+    reserves = []
+    for calm in (short_calm, 10 * short_calm):
+        tl = timeline([1] * calm + storm)
+        recorder = Recorder(SriftyPolicy())
+        simulate(recorder, tl, job(c, deadline), start_tick=calm)
+        later = recorder.seen[40]  # 2 h into the job
+        reserves.append(SriftyPolicy().reserve_hours(later))
+    assert reserves[0] == pytest.approx(reserves[1])
+
+
+# Repeating on/off patterns of up to 40 ticks, tiled over 480 ticks (24 h).
+availability = st.lists(st.booleans(), min_size=1, max_size=40).map(
+    lambda bits: np.resize(np.asarray(bits, dtype=np.int64), 480)
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    zones=st.lists(availability, min_size=1, max_size=3),
+    work=st.floats(0.3, 4.0),
+    spare=st.floats(0.0, 3.0),
+    start=st.integers(0, 40),
+    periodic=st.booleans(),
+)
+def test_srifty_never_misses_a_deadline_that_on_demand_could_meet(
+    zones: list[np.ndarray], work: float, spare: float, start: int, periodic: bool
+) -> None:
+    d = 0.2
+    tl = timeline(*zones)
+    checkpoint = CheckpointModel("periodic", 0.02, 5.0) if periodic else CheckpointModel()
+    # On-demand from submission needs C + d; any deadline from there on must be met.
+    j = job(work, work + d + spare, len(zones), changeover_hours=d, checkpoint=checkpoint)
+    result = simulate(SriftyPolicy(), tl, j, start_tick=start)
+    assert result.deadline_met, (result.finish_hours, j.deadline_hours)
+
+
+@pytest.mark.parametrize("spare", [0.0, 0.12, 0.25, 0.37, 0.5])
+def test_srifty_meets_every_deadline_on_all_short_adversarial_patterns(spare: float) -> None:
+    # Every on/off pattern of the first 10 ticks, spot gone for good afterwards: the
+    # market can preempt the job at the worst tick. Slack of up to two changeovers is
+    # where a policy that restarts spot without room for the way back fails.
+    c, d = 0.5, 0.2
+    for bits in itertools.product((0, 1), repeat=10):
+        tl = timeline(list(bits) + [0] * 60)
+        result = simulate(SriftyPolicy(), tl, job(c, c + d + spare, changeover_hours=d))
+        assert result.deadline_met, (bits, spare, result.finish_hours)
+
+
+# ------------------------------------------------------------------ offline optimum
+
+
+def _scripted(plan: tuple[str, ...]) -> Policy:
+    """A policy that asks for a fixed placement per tick (the oracle knows the future)."""
+
+    class Scripted:
+        name = "scripted"
+
+        def decide(self, observation: Observation) -> Action:
+            tick = min(round(observation.time_hours / GAP_BRUTE), len(plan) - 1)
+            want = plan[tick]
+            here = observation.placement
+            if want == "idle":
+                return Action.stay() if here.kind == "idle" else Action.idle()
+            if want == "od":
+                return Action.stay() if here.kind == "on-demand" else Action.on_demand()
+            zone = int(want[1:])
+            if here.kind == "spot" and here.zone == zone:
+                return Action.stay()
+            return Action.spot(zone)
+
+    return Scripted()
+
+
+GAP_BRUTE = 0.1
+
+
+@pytest.mark.parametrize(
+    "zones",
+    [
+        ([1, 1, 0, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0, 1]),
+        ([1, 0, 1, 0, 1, 0, 1], [0, 1, 0, 1, 0, 1, 0]),
+        ([0, 0, 1, 1, 1, 0, 1], [0, 0, 0, 0, 0, 0, 0]),
+        ([1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]),
+    ],
+)
+def test_offline_optimum_equals_brute_force_on_the_tick_grid(
+    zones: tuple[list[int], ...],
+) -> None:
+    # d = 2 ticks, C = 2 ticks, D = 6 ticks: every open-loop schedule is enumerable.
+    tl = timeline(*zones, gap=GAP_BRUTE)
+    j = SpotJob(0.2, 0.6, (1.0, 0.7), 3.0, changeover_hours=0.2)
+    best = math.inf
+    for plan in itertools.product(("idle", "z0", "z1", "od"), repeat=6):
+        try:
+            r = simulate(_scripted(plan), tl, j)
+        except ValueError:  # asked for a zone that is down
+            continue
+        if r.deadline_met:
+            best = min(best, r.cost)
+    assert offline_optimal_cost(tl, j) == pytest.approx(best)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    zones=st.lists(availability, min_size=1, max_size=3),
+    work=st.floats(0.3, 3.0),
+    spare=st.floats(0.0, 3.0),
+    start=st.integers(0, 40),
+)
+def test_offline_optimum_is_a_lower_bound_for_every_policy(
+    zones: list[np.ndarray], work: float, spare: float, start: int
+) -> None:
+    tl = timeline(*zones)
+    j = job(work, work + 0.2 + spare, len(zones))
+    bound = offline_optimal_cost(tl, j, start_tick=start)
+    for policy in [*SPOT_POLICIES, OnDemandPolicy()]:
+        result = simulate(policy, tl, j, start_tick=start)
+        if result.deadline_met:
+            assert bound <= result.cost + 1e-9, policy.name
+
+
+def test_offline_optimum_on_always_available_spot_is_one_changeover() -> None:
+    tl = timeline([1] * 200, [1] * 200)
+    j = SpotJob(2.0, 3.0, (1.5, 0.9), OD, changeover_hours=0.2)
+    assert offline_optimal_cost(tl, j) == pytest.approx(2.2 * 0.9)
+    # With spot never up it is on-demand from the start.
+    none = timeline([0] * 200)
+    assert offline_optimal_cost(none, job(2.0, 3.0)) == pytest.approx(2.2 * OD)

@@ -21,13 +21,12 @@ import pytest
 import torch
 
 from lightning_srifty.core import launch_protocol as proto
-from lightning_srifty.core.catalog import Offer
-from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.launch.backend import JobState, LaunchSpec
 from lightning_srifty.launch.local_backend import LocalBackend, LocalJob
 from tests.conftest import REPO_ROOT
+from tests.launch.test_local_backend import plan
 
 pytestmark = pytest.mark.slow
 
@@ -73,24 +72,6 @@ TRAIN = textwrap.dedent(
 )
 
 
-def _plan() -> Plan:
-    offer = Offer(
-        instance_type="test.2x",
-        accelerator="T4",
-        accelerator_count=2,
-        gpu_memory_gib=16.0,
-        vcpus=8.0,
-        memory_gib=32.0,
-        region="us-west-2",
-        zone="usw2-az1",
-        ondemand_price=1.0,
-        spot_price=0.3,
-        intra_node_link="PCIe",
-        network_gbps=50.0,
-    )
-    return Plan(Cluster((ClusterGroup(offer, 1, 2),)), True, 1.0, 0.9, 1.1, 48, 10, 1.0, 1.0, 1.0)
-
-
 class Run:
     """Attempts of one training run against one store, on the local backend."""
 
@@ -119,7 +100,7 @@ class Run:
             "STEP_LOG": str(self.step_log(self.attempt)),
             "ROOT_DIR": str(self.root / "lightning"),
         }
-        spec = LaunchSpec(str(self.script), (), _plan(), envs, name=f"a{self.attempt}")
+        spec = LaunchSpec(str(self.script), (), plan(1, 2), envs, name=f"a{self.attempt}")
         return self.backend.launch(spec)
 
     def logged_steps(self, attempt: int) -> list[int]:

@@ -392,9 +392,7 @@ class Profile:
             gradients=tuple(GradParam.from_reader(x) for x in r.children("gradients", [])),
             buckets=tuple(Bucket.from_reader(x) for x in r.children("buckets", [])),
             communication=Communication.from_reader(comm) if comm else None,
-            batch_points=tuple(
-                BatchPoint.from_reader(x) for x in r.children("batch_points", [])
-            ),
+            batch_points=tuple(BatchPoint.from_reader(x) for x in r.children("batch_points", [])),
             ranks=tuple(RankSummary.from_reader(x) for x in r.children("ranks", [])),
             stat_efficiency=StatEfficiency.from_reader(stat) if stat else None,
             model_name=r.str("model_name", ""),

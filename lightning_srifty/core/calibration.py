@@ -88,7 +88,7 @@ class PhysicsConstants:
     the measurements support (it depends on the NCCL version and network, not the model)."""
     straggler_cv: float = 0.0
     """Coefficient of variation of per-GPU step time; a synchronous step waits for the
-    slowest of ``p`` workers, about ``mean·(1 + cv·sqrt(2 ln p))`` (extreme-value bound)."""
+    slowest of ``p`` workers, ``mean·(1 + cv·E[max of p standard normals])``."""
 
     def to_dict(self) -> dict[str, float]:
         return {

@@ -28,6 +28,8 @@ rather than under-predicting them.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -150,6 +152,42 @@ class _Curve:
         below = self.times[0] + self.beta_s * (b - lo_b)
         out = np.where(b > hi_b, above, np.where(b < lo_b, below, inside))
         return np.maximum(out, 0.05 * self.times[0])
+
+
+_MAX_Z_EXACT = 1024
+"""Worker counts up to which :func:`expected_max_z` integrates exactly."""
+
+
+@functools.cache
+def _max_z_table() -> np.ndarray:
+    """``E[max of p standard normals]`` for ``p = 0..1024`` by numeric integration."""
+    x = np.linspace(-9.0, 9.0, 3601)
+    log_cdf = np.log(np.maximum([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in x], 1e-300))
+    mid = 0.5 * (x[1:] + x[:-1])
+    out = np.zeros(_MAX_Z_EXACT + 1)
+    for p in range(2, _MAX_Z_EXACT + 1):
+        out[p] = float(np.sum(mid * np.diff(np.exp(p * log_cdf))))
+    return out
+
+
+def expected_max_z(workers: np.ndarray | int) -> np.ndarray:
+    """Expected maximum of ``workers`` independent standard normals (0 for one worker).
+
+    A synchronous step waits for the slowest worker, so a spread ``sigma`` of step time
+    costs ``sigma·expected_max_z(p)``: 0.56 for 2 workers, 1.03 for 4, 1.77 for 16,
+    2.34 for 64. (The textbook bound ``sqrt(2 ln p)`` is twice too high at ``p = 2``.)
+    Beyond 1,024 workers the Gumbel asymptote ``b + 0.5772/a`` takes over
+    (``a = sqrt(2 ln p)``, ``b = a - (ln ln p + ln 4 pi)/(2a)``).
+    """
+    p = np.maximum(np.asarray(workers, dtype=np.int64), 1)
+    table = _max_z_table()
+    exact = table[np.minimum(p, _MAX_Z_EXACT)]
+    if not np.any(p > _MAX_Z_EXACT):
+        return np.asarray(exact, dtype=np.float64)
+    big = np.maximum(p, _MAX_Z_EXACT).astype(np.float64)
+    a = np.sqrt(2.0 * np.log(big))
+    b = a - (np.log(np.log(big)) + np.log(4.0 * np.pi)) / (2.0 * a)
+    return np.asarray(np.where(p > _MAX_Z_EXACT, b + 0.5772 / a, exact), dtype=np.float64)
 
 
 def step_time_cv(profile: Profile) -> float:
@@ -316,7 +354,7 @@ class PerformanceModel:
         total_nodes = _row_sum(nodes)
         gmax = _row_max(np.where(present, gpn, 0))
         cv = float(np.hypot(phys.straggler_cv, step_time_cv(profile)))
-        straggle = 1.0 + cv * np.sqrt(2.0 * np.log(np.maximum(world, 1)))
+        straggle = 1.0 + cv * expected_max_z(world)
         group_compute = np.where(present, curve.at(np.maximum(b_int, 1.0)) * speed_scale, 0.0)
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle

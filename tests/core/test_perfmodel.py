@@ -18,7 +18,7 @@ from lightning_srifty.core.candidates import CandidateArrays
 from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import PredictionError
-from lightning_srifty.core.perfmodel import PerformanceModel, fit_compute_curve
+from lightning_srifty.core.perfmodel import PerformanceModel, expected_max_z, fit_compute_curve
 from lightning_srifty.core.profile import (
     BatchPoint,
     Environment,
@@ -315,9 +315,19 @@ def test_step_time_spread_adds_a_straggler_cost_that_grows_with_workers() -> Non
     quiet, loud = model.predict_batch(PROFILE, cands), model.predict_batch(noisy, cands)
     assert loud.step_s[0] == pytest.approx(quiet.step_s[0])
     pred = model.predict(noisy, one_group(1, 4))
-    assert pred.compute_s == pytest.approx(0.18 * (1 + 0.1 * np.sqrt(2 * np.log(4))))
+    # E[max of 4 standard normals] = 1.0294 (order-statistics tables)
+    assert pred.compute_s == pytest.approx(0.18 * (1 + 0.1 * 1.0294), rel=1e-4)
     gain = loud.step_s / quiet.step_s
     assert 1.0 < gain[1] < gain[2]
+
+
+def test_expected_max_of_normals_matches_order_statistics() -> None:
+    got = expected_max_z(np.array([1, 2, 3, 10, 100, 1024, 1025, 10**6]))
+    # 1/sqrt(pi), 3/(2 sqrt(pi)), and tabulated values for 10 and 100
+    assert got[:5].tolist() == pytest.approx([0.0, 0.5642, 0.8463, 1.5388, 2.5076], abs=2e-4)
+    assert np.all(np.diff(got) > 0)
+    assert got[6] == pytest.approx(got[5], rel=0.02)  # the asymptote joins the table
+    assert got[7] < np.sqrt(2 * np.log(10**6))
 
 
 def test_core_model_imports_without_torch_sky_or_scikit_learn() -> None:

@@ -48,9 +48,13 @@ from lightning_srifty.io.traces import (
 )
 
 # Hardware parameters of the physics fit, fitted in log space: name, lower, upper bound.
+# The bounds are physical: a hop inside a node costs microseconds (NCCL over PCIe or
+# NVLink), so at most 100 us; without that bound the fit can trade a millisecond
+# "latency" per bucket against bandwidth on the Pollux traces, equally well but
+# meaningless on other hardware.
 _PARAMS = (
     ("intra_bw_efficiency", 1e-3, 2.0),
-    ("intra_latency_s", 1e-7, 1e-2),
+    ("intra_latency_s", 1e-7, 1e-4),
     ("inter_bw_efficiency", 1e-3, 2.0),
     ("inter_latency_s", 1e-7, 1e-1),
     ("tail_fraction", 1e-3, 1.0),

@@ -110,9 +110,10 @@ class _Links:
         ``2(p-1)/p · S`` for all ``p`` GPUs, not just ``2(N-1)/N · S`` for ``N`` nodes:
         on the Pollux traces two nodes with 2 GPUs each take ~1.5x as long as two with 1
         GPU each, and four nodes with 1 GPU about as long as two with 2, as the flat
-        ring says. NCCL's tree (``inter_algorithm="tree"``) is a chain inside each
-        node and a tree across nodes. Two-node runs are scaled by the calibrated
-        ``two_node_factor``.
+        ring says. Each message pays the latency of every hop it travels, as in NCCL's
+        own tuning model: ``2(N-1)`` hops across nodes and ``2(p-N)`` inside them.
+        NCCL's tree (``inter_algorithm="tree"``) is a chain inside each node and a tree
+        across nodes. Two-node runs are scaled by the calibrated ``two_node_factor``.
         """
         phys = self.physics
         multi_node = self.nodes > 1
@@ -127,8 +128,12 @@ class _Links:
             slowest = np.where(
                 multi_node, np.minimum(self.intra_bytes_s, self.inter_bytes_s), self.intra_bytes_s
             )
-            latency = np.where(multi_node, phys.inter_latency_s, phys.intra_latency_s)
-            total = ring_allreduce_s(nbytes, self.world, slowest, latency, messages=messages)
+            bandwidth = ring_allreduce_s(nbytes, self.world, slowest, 0.0)
+            # a message travels the whole ring: 2(N-1) of its 2(p-1) hops cross nodes
+            inter_hops = 2.0 * np.maximum(self.nodes - 1, 0)
+            intra_hops = 2.0 * np.maximum(self.world - 1, 0) - inter_hops
+            latency = inter_hops * phys.inter_latency_s + intra_hops * phys.intra_latency_s
+            total = bandwidth + messages * latency
         total = np.where(self.nodes == 2, total * phys.two_node_factor, total)
         return np.where(self.world > 1, total, 0.0)
 

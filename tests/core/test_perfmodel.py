@@ -113,6 +113,17 @@ def test_ring_crossing_nodes_carries_every_gpus_share_through_the_nic() -> None:
     assert inside == pytest.approx(1.5 * 100 * 1024**2 / 15.75e9)
 
 
+def test_each_message_pays_the_latency_of_every_hop_on_the_ring() -> None:
+    tiny = coarse({16: 0.18}, grad_bytes=1)  # one bucket, no bandwidth term to speak of
+    inter = PhysicsConstants(tail_fraction=1.0, inter_latency_s=1e-3, intra_latency_s=0.0)
+    intra = PhysicsConstants(tail_fraction=1.0, inter_latency_s=0.0, intra_latency_s=1e-3)
+    # 2 nodes x 4 GPUs: 14 hops, 2 of them across nodes
+    across = PerformanceModel(SPECS, Calibration(inter)).predict(tiny, one_group(2, 4))
+    inside = PerformanceModel(SPECS, Calibration(intra)).predict(tiny, one_group(2, 4))
+    assert across.allreduce_s == pytest.approx(2e-3, rel=1e-3)
+    assert inside.allreduce_s == pytest.approx(12e-3, rel=1e-3)
+
+
 def test_two_node_factor_scales_only_two_node_all_reduces() -> None:
     plain = PerformanceModel(SPECS, Calibration(PHYS))
     slow = PerformanceModel(SPECS, Calibration(dataclasses.replace(PHYS, two_node_factor=1.5)))

@@ -1,13 +1,19 @@
 """Fitting a calibration from measurements, and saving/loading it as JSON.
 
-Two stages, both per *hardware*, never per training model:
+Two stages:
 
-1. **Physics constants** (link efficiencies and latencies, overlap exponent, per-step
-   overhead, co-location slowdown) by robust least squares on the log error of the
-   analytic model over every calibration row (:func:`fit_physics`).
-2. **Learned correction**: scikit-learn gradient-boosted trees on transferable features
-   predict the remaining multiplicative residual; two quantile models (0.1/0.9) give
-   the interval. The trees are exported to JSON arrays and evaluated by
+1. **Physics** (:func:`fit_physics`): robust least squares of the analytic model over
+   every calibration row, on the step time and, where rows carry it, the measured
+   gradient-sync time. Hardware constants (link efficiencies and latencies, overlap,
+   two-node factor, per-step overhead, co-location, straggler spread) are shared by
+   all jobs; the three terms that also depend on the job (tail fraction, overlap
+   window, co-location) get per-job deviations with a Gaussian prior (a mixed-effects
+   model). The hardware constants are thus the centre of the jobs seen, which is what
+   a job never seen gets; a job whose rows were in the fit keeps its own terms.
+2. **Learned correction** (:func:`fit_correction`): scikit-learn gradient-boosted trees
+   on transferable features predict the remaining multiplicative residual, two
+   quantile models (0.1/0.9) the interval, kept only if they help jobs left out of
+   their fit. The trees are exported to JSON arrays and evaluated by
    :mod:`lightning_srifty.core.trees`; no pickle is ever written or read.
 
 scikit-learn and scipy are imported lazily, only when fitting.

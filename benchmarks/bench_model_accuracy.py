@@ -32,6 +32,7 @@ from lightning_srifty.io.calibration_io import (
     PROTOCOLS,
     FitGroup,
     calibrate,
+    fit_correction,
     fit_group,
     split_rows,
 )
@@ -79,7 +80,9 @@ def evaluate(traces: TraceSet, protocol: str) -> dict[str, dict[str, np.ndarray]
     from sklearn.ensemble import GradientBoostingRegressor
 
     errors: dict[str, dict[str, np.ndarray]] = {m: {} for m in (*METHODS, "_interval_coverage")}
-    nominal = Calibration(PhysicsConstants(gamma=1.0, intra_latency_s=0.0, inter_latency_s=0.0))
+    nominal = Calibration(
+        PhysicsConstants(tail_fraction=1.0, intra_latency_s=0.0, inter_latency_s=0.0)
+    )
     for held in traces.rows:
         fit, target = split_rows(traces, held, protocol)
         measured = np.asarray([r.step_time for r in target])
@@ -140,7 +143,10 @@ def time_predict_batch(traces: TraceSet, n: int = 500_000) -> None:
     cands.nodes[:, 0] = np.maximum(cands.nodes[:, 0], 1)
     model_name = next(iter(traces.rows))
     group = fit_group(traces, model_name, [r for r in traces.rows[model_name] if r.replicas > 1])
-    cal = calibrate([group], learned=True)
+    cal = calibrate([group], learned=False)
+    # time the tree path too, whether or not a calibration would keep the trees
+    trees = fit_correction([group], cal.physics, require_transfer=False)
+    cal = replace(cal, correction=trees)
     text = replace(cands, accelerator=cands.accelerator.astype(str))
     for label, calibration in (("no calibration", None), ("calibrated + trees", cal)):
         model = PerformanceModel(TIMING_SPECS, calibration)

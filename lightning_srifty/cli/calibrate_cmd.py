@@ -12,8 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "calibrate",
         help="fit the performance model to measured multi-GPU step times",
-        description="Fits per-hardware constants (bandwidths, latencies, overlap) and a "
-        "learned correction; writes a versioned calibration JSON.",
+        description="Fits per-hardware constants (bandwidths, latencies, overlap), each "
+        "calibrated job's own overlap and co-location terms, and a learned correction "
+        "(kept only if it helps jobs it was not fitted on); writes a versioned JSON.",
     )
     p.add_argument("--traces", action="append", default=[], metavar="DIR",
                    help="Pollux-format trace folder (repeatable)")  # fmt: skip
@@ -52,10 +53,13 @@ def run(args: argparse.Namespace) -> int:
     )
     path = save_calibration(calibration, args.out)
     m = calibration.metrics
+    trees = "kept" if calibration.correction is not None else "not kept (did not transfer)"
     print(
         f"calibrated on {calibration.rows} rows of {len(calibration.fitted_on)} models "
-        f"({calibration.hardware}); physics-only median error "
-        f"{100 * m['physics_median_ape']:.1f}%, p90 {100 * m['physics_p90_ape']:.1f}%; "
-        f"wrote {path}"
+        f"({calibration.hardware}); physics median error "
+        f"{100 * m['physics_median_ape']:.1f}% (p90 {100 * m['physics_p90_ape']:.1f}%) with "
+        f"each job's own terms, {100 * m['unseen_job_median_ape']:.1f}% "
+        f"(p90 {100 * m['unseen_job_p90_ape']:.1f}%) scored as unseen jobs; learned "
+        f"correction {trees}; wrote {path}"
     )
     return 0

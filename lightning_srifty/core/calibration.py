@@ -2,10 +2,18 @@
 
 A calibration is fitted once per kind of hardware (by ``srifty calibrate``) from
 measured multi-GPU step times, and then makes every prediction on that hardware more
-accurate. It holds *hardware* constants only: link efficiencies (effective over
-nominal bandwidth), per-message latencies, the overlap exponent and a per-step
-framework overhead. Nothing in it describes one training model, so it transfers to
-models it has never seen.
+accurate. Its :class:`PhysicsConstants` are *hardware* constants: link efficiencies
+(effective over nominal bandwidth), per-message latencies, how much of the all-reduce
+overlaps backward for a typical job, a per-step framework overhead. They transfer to
+models the calibration has never seen.
+
+Three quantities also depend on the job itself: how late in backward its gradients
+become ready (``tail_fraction``, ``overlap_window``) and how much its compute slows
+when GPUs share a node (``colocation_slowdown``: host PCIe, CPU data loading). The fit
+treats them as per-job deviations from the hardware value (a mixed-effects model), so
+the hardware constants describe the typical job rather than absorbing one job's
+quirks, and a job whose own multi-GPU rows were in the calibration keeps its own
+values (:class:`JobTerms`). A job never seen gets the hardware values.
 
 Efficiencies are stored relative to the nominal figures (link type, NIC Gbps) so they
 stay meaningful when a candidate has a different NIC than the calibration cluster.
@@ -13,14 +21,14 @@ stay meaningful when a candidate has a different NIC than the calibration cluste
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightning_srifty.core.errors import CalibrationError
 from lightning_srifty.core.trees import TreeEnsemble
 from lightning_srifty.core.validate import Reader, check_version
 
-CALIBRATION_SCHEMA_VERSION = 1
+CALIBRATION_SCHEMA_VERSION = 2
 INTER_ALGORITHMS = ("ring", "tree")
 
 FEATURE_NAMES = (
@@ -28,6 +36,7 @@ FEATURE_NAMES = (
     "log_nodes",
     "gpus_per_node",
     "log_comm_over_compute",
+    "exposed_share",
 )
 """Inputs of the learned correction: ratios and logs that mean the same on any hardware.
 Deliberately nothing that identifies a training model (gradient bytes, absolute step
@@ -42,6 +51,13 @@ class PhysicsConstants:
     The defaults are what the model assumes with no calibration at all: nominal link
     bandwidths, NCCL-like per-hop latencies (a few microseconds inside a node, tens
     across a TCP network), a moderate overlap and no extra overhead.
+
+    Overlap of a coarse profile (no per-layer timings) follows a fluid model of DDP's
+    bucketed all-reduce: a share ``tail_fraction`` of the gradient bytes is ready only
+    when backward ends (the first layers, embeddings), the rest streams out during the
+    last ``overlap_window`` of backward. The communication stream then finishes
+    ``max(tail·T, T - window·B)`` after backward ends, for an all-reduce of ``T``
+    seconds and a backward of ``B`` (:func:`~lightning_srifty.core.comm.exposed_allreduce_s`).
     """
 
     intra_bw_efficiency: float = 1.0
@@ -52,8 +68,17 @@ class PhysicsConstants:
     """Effective over nominal inter-node (NIC Gbps) bandwidth."""
     inter_latency_s: float = 50e-6
     """Latency per ring hop and per bucket across nodes."""
-    gamma: float = 2.0
-    """Pollux overlap exponent: 1 = no overlap, large = perfect overlap."""
+    tail_fraction: float = 0.25
+    """Share of the all-reduce that cannot overlap backward (gradients ready only at its
+    end): what stays exposed when the network is faster than backward. 1 = no overlap."""
+    overlap_window: float = 0.75
+    """Share of backward during which the other gradients become ready and stream out."""
+    two_node_factor: float = 1.0
+    """Multiplier on the all-reduce time when exactly two nodes take part. Some stacks
+    run a two-node ring markedly slower per byte than larger rings (on the Pollux T4
+    cluster by about 1.5x, in every model alike; NCCL choosing another algorithm or
+    fewer channels for two nodes is the likely cause). 1 = no such effect; the fit
+    leaves it at 1 when the calibration has no two-node rows."""
     step_overhead_s: float = 0.0
     """Fixed per-step cost of synchronous data parallelism (hooks, launches)."""
     colocation_slowdown: float = 0.0
@@ -63,7 +88,7 @@ class PhysicsConstants:
     the measurements support (it depends on the NCCL version and network, not the model)."""
     straggler_cv: float = 0.0
     """Coefficient of variation of per-GPU step time; a synchronous step waits for the
-    slowest of ``p`` workers, about ``mean·(1 + cv·sqrt(2 ln p))`` (extreme-value bound)."""
+    slowest of ``p`` workers, ``mean·(1 + cv·E[max of p standard normals])``."""
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -71,7 +96,9 @@ class PhysicsConstants:
             "intra_latency_s": self.intra_latency_s,
             "inter_bw_efficiency": self.inter_bw_efficiency,
             "inter_latency_s": self.inter_latency_s,
-            "gamma": self.gamma,
+            "tail_fraction": self.tail_fraction,
+            "overlap_window": self.overlap_window,
+            "two_node_factor": self.two_node_factor,
             "step_overhead_s": self.step_overhead_s,
             "colocation_slowdown": self.colocation_slowdown,
             "straggler_cv": self.straggler_cv,
@@ -88,15 +115,73 @@ class PhysicsConstants:
             intra_latency_s=r.float("intra_latency_s", minimum=0.0),
             inter_bw_efficiency=r.float("inter_bw_efficiency", positive=True),
             inter_latency_s=r.float("inter_latency_s", minimum=0.0),
-            gamma=r.float("gamma", minimum=1.0),
+            tail_fraction=r.float("tail_fraction", positive=True),
+            overlap_window=r.float("overlap_window", minimum=0.0),
+            two_node_factor=r.float("two_node_factor", 1.0, positive=True),
             step_overhead_s=r.float("step_overhead_s", minimum=0.0),
             colocation_slowdown=r.float("colocation_slowdown", 0.0, minimum=0.0),
             straggler_cv=r.float("straggler_cv", 0.0, minimum=0.0),
             inter_algorithm=r.choice("inter_algorithm", INTER_ALGORITHMS, "ring"),
         )
-        if constants.gamma > 10.0:
-            raise r.fail("gamma", f"must be in [1, 10], got {constants.gamma}")
+        for key in ("tail_fraction", "overlap_window"):
+            value = getattr(constants, key)
+            if value > 1.0:
+                raise r.fail(key, f"is a share and must be in [0, 1], got {value}")
         return constants
+
+    def for_job(self, job: JobTerms | None) -> PhysicsConstants:
+        """These constants with a job's own measured terms substituted (if any)."""
+        if job is None:
+            return self
+        return replace(
+            self,
+            tail_fraction=job.tail_fraction,
+            overlap_window=job.overlap_window,
+            colocation_slowdown=job.colocation_slowdown,
+        )
+
+
+@dataclass(frozen=True)
+class JobTerms:
+    """One job's own overlap and co-location terms, fitted from its own multi-GPU rows.
+
+    They are physical properties of the job on this hardware, not corrections: where
+    in backward its gradients become ready, and how much its compute slows when GPUs
+    share a node (its data loading may saturate the host CPUs). A short single-node
+    multi-GPU run measures ``tail_fraction`` and ``colocation_slowdown``;
+    ``overlap_window`` shows only once the all-reduce outlasts backward (across
+    nodes), so a job without such rows keeps the hardware value.
+    """
+
+    name: str
+    tail_fraction: float
+    overlap_window: float
+    colocation_slowdown: float
+    rows: int = 0
+    """How many of the job's rows the terms were fitted on."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tail_fraction": self.tail_fraction,
+            "overlap_window": self.overlap_window,
+            "colocation_slowdown": self.colocation_slowdown,
+            "rows": self.rows,
+        }
+
+    @staticmethod
+    def from_reader(r: Reader) -> JobTerms:
+        terms = JobTerms(
+            name=r.str("name"),
+            tail_fraction=r.float("tail_fraction", positive=True),
+            overlap_window=r.float("overlap_window", minimum=0.0),
+            colocation_slowdown=r.float("colocation_slowdown", minimum=0.0),
+            rows=r.int("rows", 0, minimum=0),
+        )
+        for key in ("tail_fraction", "overlap_window"):
+            if getattr(terms, key) > 1.0:
+                raise r.fail(key, f"is a share and must be in [0, 1], got {getattr(terms, key)}")
+        return terms
 
 
 @dataclass(frozen=True)
@@ -155,6 +240,8 @@ class Calibration:
     """Spread (std of log ratio) of the per-model median error of the physics fit: how
     much a model never seen in calibration may sit off the fitted line as a whole.
     Widens the learned interval, whose quantiles only see row-to-row scatter."""
+    jobs: tuple[JobTerms, ...] = ()
+    """Own terms of the jobs whose multi-GPU rows entered the fit (see :class:`JobTerms`)."""
     hardware: str = ""
     """What it was fitted on, e.g. ``"16x g4dn.12xlarge (4x T4, PCIe, 50 Gbps)"``."""
     fitted_on: tuple[str, ...] = ()
@@ -162,6 +249,16 @@ class Calibration:
     rows: int = 0
     metrics: dict[str, float] = field(default_factory=dict, compare=False)
     schema_version: int = CALIBRATION_SCHEMA_VERSION
+
+    def job(self, name: str | None) -> JobTerms | None:
+        """The fitted terms of job ``name``, or ``None`` if its rows were not in the fit."""
+        if not name:
+            return None
+        return next((j for j in self.jobs if j.name == name), None)
+
+    def physics_for(self, name: str | None) -> PhysicsConstants:
+        """Hardware constants, with job ``name``'s own terms where the fit has them."""
+        return self.physics.for_job(self.job(name))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -171,6 +268,7 @@ class Calibration:
             "fitted_on": list(self.fitted_on),
             "rows": self.rows,
             "physics": self.physics.to_json(),
+            "jobs": [j.to_dict() for j in self.jobs],
             "residual_low": self.residual_low,
             "residual_high": self.residual_high,
             "correction": self.correction.to_dict() if self.correction else None,
@@ -183,6 +281,13 @@ class Calibration:
         """Validates ``data``; errors name ``source`` and the field."""
         r = Reader(data, source=source, error=CalibrationError)
         version = check_version(r, CALIBRATION_SCHEMA_VERSION, kind="calibration")
+        if version < CALIBRATION_SCHEMA_VERSION:
+            raise r.fail(
+                "schema_version",
+                f"calibration schema version {version} was written by an older "
+                "lightning-srifty whose overlap model (Pollux exponent) this one no longer "
+                "uses; re-run srifty calibrate on the same measurements",
+            )
         if r.raw("kind", "srifty-calibration") != "srifty-calibration":
             raise r.fail("kind", "must be 'srifty-calibration' (is this a profile or a plan?)")
         physics = r.child("physics")
@@ -203,6 +308,7 @@ class Calibration:
             residual_low=low,
             residual_high=high,
             correction=Correction.from_reader(correction) if correction else None,
+            jobs=tuple(JobTerms.from_reader(j) for j in r.children("jobs", [])),
             model_spread=r.float("model_spread", 0.0, minimum=0.0),
             hardware=r.str("hardware", ""),
             fitted_on=tuple(fitted),

@@ -11,8 +11,9 @@ once. The physics is the textbook one:
   a node share one NIC so the node moves ``2(N-1)/N · S`` through it;
 * DDP all-reduces gradients in buckets as they become ready in reverse layer order, on
   one communication stream, overlapping backward (:func:`simulate_overlap`); with only
-  totals the Pollux shortcut ``(T_comp^g + T_net^g)^(1/g)`` stands in
-  (:func:`pollux_overlap`).
+  totals, a fluid version of the same queue stands in (:func:`exposed_allreduce_s`).
+  The Pollux shortcut ``(T_comp^g + T_net^g)^(1/g)`` (:func:`pollux_overlap`) is kept
+  as a baseline.
 """
 
 from __future__ import annotations
@@ -130,6 +131,31 @@ def pollux_overlap(
     ratio_c = c / top
     ratio_n = n / top
     return np.asarray(top * (ratio_c**gamma + ratio_n**gamma) ** (1.0 / gamma))
+
+
+def exposed_allreduce_s(
+    allreduce_s: np.ndarray | float,
+    backward_s: np.ndarray | float,
+    tail_fraction: np.ndarray | float,
+    overlap_window: np.ndarray | float,
+) -> np.ndarray:
+    """Seconds the all-reduce runs past the end of backward, from totals only.
+
+    A fluid model of DDP's bucket queue: a share ``tail_fraction`` of the gradient bytes
+    becomes ready only when backward ends, the rest at an even rate over the last
+    ``overlap_window`` share of backward, and one stream all-reduces bytes in ready
+    order taking ``allreduce_s`` for all of them. The stream is never idle once it can
+    no longer keep up, so it finishes at the later of "start of the window plus all the
+    work" and "end of backward plus the tail":
+    ``max(tail·T, T - window·B)`` past the end of backward. ``tail = 1`` is no overlap
+    (the textbook sum), ``tail -> 0, window = 1`` perfect overlap up to ``T = B``.
+    """
+    t = np.asarray(allreduce_s, dtype=np.float64)
+    b = np.asarray(backward_s, dtype=np.float64)
+    return np.asarray(
+        np.maximum(np.asarray(tail_fraction) * t, t - np.asarray(overlap_window) * b),
+        dtype=np.float64,
+    )
 
 
 def buckets_from_layers(

@@ -7,15 +7,17 @@ The model is physics first, learning second:
    beyond them). On another accelerator it is scaled by a roofline ratio: per layer
    ``max(flops/peak, bytes/mem_bw)`` when the profile has per-layer FLOPs and bytes, a
    whole-step blend of the peak and memory-bandwidth ratios otherwise.
-2. **Communication** is a hierarchical ring all-reduce of the gradient buckets
-   (:mod:`lightning_srifty.core.comm`): intra-node link, then the NIC, the slowest link
-   of any group pacing the whole ring.
+2. **Communication** is NCCL's all-reduce of the gradient buckets
+   (:mod:`lightning_srifty.core.comm`): a flat ring through every GPU, paced by its
+   slowest link (the NIC once nodes are crossed), or a tree across nodes.
 3. **Overlap**: with per-layer data, an event simulation of buckets becoming ready in
-   reverse layer order on one stream; with totals only, Pollux's
-   ``(T_comp^g + T_net^g)^(1/g)``.
+   reverse layer order on one stream; with totals only, the fluid version of the same
+   queue, ``max(tail·T, T - window·B)`` past the end of backward
+   (:func:`~lightning_srifty.core.comm.exposed_allreduce_s`).
 4. **Heterogeneous groups** split a fixed global batch in proportion to speed, capped by
    memory; the slowest group plus the all-reduce paces the step.
-5. **Calibration** (optional) supplies fitted hardware constants and a boosted-tree
+5. **Calibration** (optional) supplies fitted hardware constants, the job's own overlap
+   and co-location terms when its multi-GPU rows were calibrated on, and a boosted-tree
    multiplicative correction with a quantile interval.
 
 With one batch point we cannot separate fixed from per-sample cost, so ``alpha`` is the
@@ -26,6 +28,8 @@ rather than under-predicting them.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,8 +44,8 @@ from lightning_srifty.core.comm import (
     NOMINAL_LINK_GBYTES_S,
     bucket_count,
     buckets_from_layers,
+    exposed_allreduce_s,
     hierarchical_allreduce_s,
-    pollux_overlap,
     ring_allreduce_s,
     simulate_overlap,
 )
@@ -99,27 +103,39 @@ class _Links:
     physics: PhysicsConstants
 
     def allreduce_s(self, nbytes: float, messages: int) -> np.ndarray:
-        """The faster of a flat ring over all GPUs and the two-level hierarchy.
+        """NCCL's all-reduce time: a flat ring, or the node-level tree hierarchy.
 
-        NCCL's tuner picks the algorithm with the lowest modelled time; a flat ring is
-        paced by its slowest link (the NIC once nodes are crossed) and the slowest hop's
-        latency, the hierarchy pays both levels but moves less through the NIC.
+        NCCL's ring runs through every GPU, so a ring that crosses nodes is paced by its
+        slowest link (the NIC) and every node's NIC carries the full ring volume
+        ``2(p-1)/p · S`` for all ``p`` GPUs, not just ``2(N-1)/N · S`` for ``N`` nodes:
+        on the Pollux traces two nodes with 2 GPUs each take ~1.5x as long as two with 1
+        GPU each, and four nodes with 1 GPU about as long as two with 2, as the flat
+        ring says. Each message pays the latency of every hop it travels, as in NCCL's
+        own tuning model: ``2(N-1)`` hops across nodes and ``2(p-N)`` inside them.
+        NCCL's tree (``inter_algorithm="tree"``) is a chain inside each node and a tree
+        across nodes. Two-node runs are scaled by the calibrated ``two_node_factor``.
         """
         phys = self.physics
         multi_node = self.nodes > 1
-        slowest = np.where(
-            multi_node, np.minimum(self.intra_bytes_s, self.inter_bytes_s), self.intra_bytes_s
-        )
-        latency = np.where(multi_node, phys.inter_latency_s, phys.intra_latency_s)
-        intra, inter = hierarchical_allreduce_s(
-            nbytes, self.gpus_per_node, self.nodes, self.intra_bytes_s, phys.intra_latency_s,
-            self.inter_bytes_s, phys.inter_latency_s, messages=messages,
-            inter_algorithm=phys.inter_algorithm,
-        )  # fmt: skip
         if phys.inter_algorithm == "tree":
-            return np.where(self.world > 1, intra + inter, 0.0)
-        flat = ring_allreduce_s(nbytes, self.world, slowest, latency, messages=messages)
-        return np.where(self.world > 1, np.minimum(flat, intra + inter), 0.0)
+            intra, inter = hierarchical_allreduce_s(
+                nbytes, self.gpus_per_node, self.nodes, self.intra_bytes_s,
+                phys.intra_latency_s, self.inter_bytes_s, phys.inter_latency_s,
+                messages=messages, inter_algorithm="tree",
+            )  # fmt: skip
+            total = intra + inter
+        else:
+            slowest = np.where(
+                multi_node, np.minimum(self.intra_bytes_s, self.inter_bytes_s), self.intra_bytes_s
+            )
+            bandwidth = ring_allreduce_s(nbytes, self.world, slowest, 0.0)
+            # a message travels the whole ring: 2(N-1) of its 2(p-1) hops cross nodes
+            inter_hops = 2.0 * np.maximum(self.nodes - 1, 0)
+            intra_hops = 2.0 * np.maximum(self.world - 1, 0) - inter_hops
+            latency = inter_hops * phys.inter_latency_s + intra_hops * phys.intra_latency_s
+            total = bandwidth + messages * latency
+        total = np.where(self.nodes == 2, total * phys.two_node_factor, total)
+        return np.where(self.world > 1, total, 0.0)
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,42 @@ class _Curve:
         below = self.times[0] + self.beta_s * (b - lo_b)
         out = np.where(b > hi_b, above, np.where(b < lo_b, below, inside))
         return np.maximum(out, 0.05 * self.times[0])
+
+
+_MAX_Z_EXACT = 1024
+"""Worker counts up to which :func:`expected_max_z` integrates exactly."""
+
+
+@functools.cache
+def _max_z_table() -> np.ndarray:
+    """``E[max of p standard normals]`` for ``p = 0..1024`` by numeric integration."""
+    x = np.linspace(-9.0, 9.0, 3601)
+    log_cdf = np.log(np.maximum([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in x], 1e-300))
+    mid = 0.5 * (x[1:] + x[:-1])
+    out = np.zeros(_MAX_Z_EXACT + 1)
+    for p in range(2, _MAX_Z_EXACT + 1):
+        out[p] = float(np.sum(mid * np.diff(np.exp(p * log_cdf))))
+    return out
+
+
+def expected_max_z(workers: np.ndarray | int) -> np.ndarray:
+    """Expected maximum of ``workers`` independent standard normals (0 for one worker).
+
+    A synchronous step waits for the slowest worker, so a spread ``sigma`` of step time
+    costs ``sigma·expected_max_z(p)``: 0.56 for 2 workers, 1.03 for 4, 1.77 for 16,
+    2.34 for 64. (The textbook bound ``sqrt(2 ln p)`` is twice too high at ``p = 2``.)
+    Beyond 1,024 workers the Gumbel asymptote ``b + 0.5772/a`` takes over
+    (``a = sqrt(2 ln p)``, ``b = a - (ln ln p + ln 4 pi)/(2a)``).
+    """
+    p = np.maximum(np.asarray(workers, dtype=np.int64), 1)
+    table = _max_z_table()
+    exact = table[np.minimum(p, _MAX_Z_EXACT)]
+    if not np.any(p > _MAX_Z_EXACT):
+        return np.asarray(exact, dtype=np.float64)
+    big = np.maximum(p, _MAX_Z_EXACT).astype(np.float64)
+    a = np.sqrt(2.0 * np.log(big))
+    b = a - (np.log(np.log(big)) + np.log(4.0 * np.pi)) / (2.0 * a)
+    return np.asarray(np.where(p > _MAX_Z_EXACT, b + 0.5772 / a, exact), dtype=np.float64)
 
 
 def step_time_cv(profile: Profile) -> float:
@@ -268,7 +320,7 @@ class PerformanceModel:
         local_batch: int | np.ndarray | None,
         global_batch: int | None,
     ) -> dict[str, np.ndarray]:
-        phys = self.physics
+        phys = self.calibration.physics_for(profile.model_name)
         nodes = np.asarray(cand.nodes, dtype=np.int64)
         gpn = np.asarray(cand.gpus_per_node, dtype=np.int64)
         present = nodes > 0
@@ -307,9 +359,10 @@ class PerformanceModel:
         total_nodes = _row_sum(nodes)
         gmax = _row_max(np.where(present, gpn, 0))
         cv = float(np.hypot(phys.straggler_cv, step_time_cv(profile)))
-        straggle = 1.0 + cv * np.sqrt(2.0 * np.log(np.maximum(world, 1)))
+        straggle = 1.0 + cv * expected_max_z(world)
         group_compute = np.where(present, curve.at(np.maximum(b_int, 1.0)) * speed_scale, 0.0)
-        compute = _row_max(group_compute) * straggle
+        mean_compute = _row_max(group_compute)
+        compute = mean_compute * straggle
 
         nominal_intra = np.where(
             np.asarray(cand.nvlink, dtype=bool),
@@ -327,34 +380,35 @@ class PerformanceModel:
         detailed = profile.is_detailed and bool(profile.layers)
         if detailed and grad_bytes > 0:
             bucket_bytes, ready = self._bucket_layout(profile)
-            costs = []
             costs = [links.allreduce_s(float(size), 1) for size in bucket_bytes]
             allreduce = np.sum(costs, axis=0) if costs else np.zeros(n)
             _, exposed = simulate_overlap(compute * bwd_share, ready, costs)
             synced = compute + exposed
         else:
             allreduce = links.allreduce_s(grad_bytes, bucket_count(int(grad_bytes)))
-            synced = pollux_overlap(compute, allreduce, phys.gamma)
+            synced = compute + exposed_allreduce_s(
+                allreduce, compute * bwd_share, phys.tail_fraction, phys.overlap_window
+            )
         overhead = np.where(world > 1, phys.step_overhead_s, 0.0)
         step = synced + overhead
         all_known = _row_all(known)
         step = np.where(all_known, step, np.inf)
 
-        low_log = np.full(n, self.calibration.residual_low)
-        high_log = np.full(n, self.calibration.residual_high)
+        # row scatter and the whole-job offset add in quadrature
+        shift = _Z90 * self.calibration.model_spread
+        low_log = np.full(n, -np.hypot(min(self.calibration.residual_low, 0.0), shift))
+        high_log = np.full(n, np.hypot(max(self.calibration.residual_high, 0.0), shift))
         correction = self.calibration.correction
         if correction is not None:
             multi = (world > 1) & np.isfinite(step)
             if multi.any():
                 feats = correction_features(
                     world[multi], total_nodes[multi], gmax[multi], allreduce[multi],
-                    compute[multi],
+                    compute[multi], (step - compute)[multi],
                 )  # fmt: skip
                 mid, lo, hi = _evaluate_correction(correction, feats)
                 scale = np.ones(n)
                 scale[multi] = np.exp(mid)
-                # row scatter (quantile trees) and whole-model offset add in quadrature
-                shift = _Z90 * self.calibration.model_spread
                 low_log[multi] = -np.hypot(np.minimum(lo - mid, 0.0), shift)
                 high_log[multi] = np.hypot(np.maximum(hi - mid, 0.0), shift)
                 step = step * scale
@@ -368,6 +422,7 @@ class PerformanceModel:
             "local_batch": b_int.astype(np.int64),
             "global_batch": _row_sum(b_int * workers).astype(np.int64),
             "compute": compute,
+            "mean_compute": mean_compute,
             "allreduce": allreduce,
             "exposed": synced - compute + overhead,
             "memory_gib": memory,
@@ -504,16 +559,19 @@ def correction_features(
     gpus_per_node: np.ndarray,
     allreduce_s: np.ndarray,
     compute_s: np.ndarray,
+    exposed_s: np.ndarray,
 ) -> np.ndarray:
     """Feature matrix in :data:`~lightning_srifty.core.calibration.FEATURE_NAMES` order."""
     compute = np.maximum(np.asarray(compute_s, dtype=np.float64), _LOG_FLOOR)
     comm = np.maximum(np.asarray(allreduce_s, dtype=np.float64), _LOG_FLOOR)
+    exposed = np.maximum(np.asarray(exposed_s, dtype=np.float64), 0.0)
     return np.column_stack(
         [
             np.log(np.maximum(world, 1)),
             np.log(np.maximum(nodes, 1)),
             np.asarray(gpus_per_node, dtype=np.float64),
             np.log(comm / compute),
+            exposed / (exposed + compute),
         ]
     )
 

@@ -44,6 +44,8 @@ from lightning_srifty.io.jsonfile import read_json
 PLACEMENT_COLUMNS = ("placement", "local_bsz", "step_time", "sync_time")
 SCALABILITY_COLUMNS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
+_Z90 = 1.2816
+"""Standard-normal 90th percentile (the profile's p90 from a relative spread)."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,7 @@ def coarse_profile(
         for b, ms in sorted(by_batch.items())
     )
     middle = points[len(points) // 2]
+    spread = step_roughness(points)
     weights = info.params * 4
     return Profile(
         kind="coarse",
@@ -341,7 +344,12 @@ def coarse_profile(
             region=hardware.region or None,
         ),
         steps=StepTimes(
-            step=Spread(middle.step_s, middle.step_s, middle.step_s, len(single_gpu)),
+            step=Spread(
+                middle.step_s,
+                middle.step_s,
+                middle.step_s * (1.0 + _Z90 * spread),
+                len(single_gpu),
+            ),
             forward_s=0.0,
             backward_s=0.0,
             optimizer_s=0.0,
@@ -362,6 +370,28 @@ def coarse_profile(
         batch_points=points,
         model_name=info.name,
     )
+
+
+def step_roughness(points: Sequence[BatchPoint]) -> float:
+    """Relative step-to-step spread of compute that the single-GPU rows reveal.
+
+    Compute is smooth in the local batch unless each step's cost depends on its data
+    (random input sizes in multi-scale training, variable-length sequences without
+    padding to a fixed length). Each row averages only a few steps, so such jobs leave
+    rows that scatter around any smooth curve; a synchronous step then waits for the
+    slowest worker. Measured as the relative deviation of every interior point from the
+    straight line through its two neighbours (exact for ``alpha + beta·b``), ``sqrt(1.5)``
+    being the noise gain of that difference. Zero with fewer than three batch sizes.
+    """
+    pts = sorted((p.local_batch_size, p.compute_s or p.step_s) for p in points)
+    if len(pts) < 3:
+        return 0.0
+    dev = []
+    for (b0, c0), (b1, c1), (b2, c2) in zip(pts, pts[1:], pts[2:], strict=False):
+        w = (b2 - b1) / (b2 - b0)
+        line = w * c0 + (1 - w) * c2
+        dev.append(math.log(max(c1, 1e-12) / max(line, 1e-12)))
+    return math.sqrt(sum(d * d for d in dev) / len(dev) / 1.5)
 
 
 def placement_cluster(placement: Sequence[int], hardware: Hardware) -> Cluster:

@@ -8,6 +8,7 @@ import pytest
 from lightning_srifty.core.comm import (
     bucket_count,
     buckets_from_layers,
+    exposed_allreduce_s,
     hierarchical_allreduce_s,
     pollux_overlap,
     ring_allreduce_s,
@@ -54,6 +55,27 @@ def test_pollux_overlap_between_sum_and_max() -> None:
     big = float(pollux_overlap(3.0, 4.0, 10.0))
     assert 4.0 < big < 4.1
     assert float(pollux_overlap(1e-200, 0.0, 10.0)) == pytest.approx(1e-200)
+
+
+def test_fluid_overlap_has_the_textbook_limits() -> None:
+    # no overlap at all: the whole all-reduce is exposed
+    assert float(exposed_allreduce_s(0.3, 1.0, 1.0, 0.0)) == pytest.approx(0.3)
+    # fast network: only the tail that is ready when backward ends is left
+    assert float(exposed_allreduce_s(0.3, 1.0, 0.2, 0.8)) == pytest.approx(0.06)
+    # slow network: everything after the window opens, minus the window
+    got = exposed_allreduce_s(np.array([2.0, 0.5]), np.array([1.0, 1.0]), 0.2, 0.8)
+    assert got.tolist() == pytest.approx([1.2, 0.1])
+
+
+@pytest.mark.parametrize("comm", [0.05, 0.4, 0.9, 3.0])
+def test_fluid_overlap_is_the_limit_of_many_small_buckets(comm: float) -> None:
+    tail, window, k = 0.3, 0.6, 2000
+    ready = np.concatenate([np.linspace(1 - window, 1.0, k, endpoint=False)[1:], [1.0, 1.0]])
+    share = np.concatenate([np.full(k - 1, (1 - tail) / (k - 1)), [0.0, tail]])
+    costs = [np.array([comm * x]) for x in share]
+    _, simulated = simulate_overlap(np.array([1.0]), ready, costs)
+    fluid = exposed_allreduce_s(comm, 1.0, tail, window)
+    assert float(simulated[0]) == pytest.approx(float(fluid), abs=2e-3)
 
 
 def test_event_simulation_hides_comm_that_fits_inside_backward() -> None:

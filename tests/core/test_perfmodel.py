@@ -7,12 +7,18 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lightning_srifty.core.calibration import Calibration, Correction, PhysicsConstants
+from lightning_srifty.core.calibration import (
+    FEATURE_NAMES,
+    Calibration,
+    Correction,
+    JobTerms,
+    PhysicsConstants,
+)
 from lightning_srifty.core.candidates import CandidateArrays
 from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import PredictionError
-from lightning_srifty.core.perfmodel import PerformanceModel, fit_compute_curve
+from lightning_srifty.core.perfmodel import PerformanceModel, expected_max_z, fit_compute_curve
 from lightning_srifty.core.profile import (
     BatchPoint,
     Environment,
@@ -62,7 +68,8 @@ def coarse(
 
 
 PROFILE = coarse({8: 0.10, 16: 0.18, 32: 0.34})
-PHYS = PhysicsConstants(gamma=1.0, inter_latency_s=0.0, intra_latency_s=0.0)
+PHYS = PhysicsConstants(tail_fraction=1.0, inter_latency_s=0.0, intra_latency_s=0.0)
+"""No overlap and no latency: step = compute + ring time, checkable by hand."""
 
 
 def one_group(nodes: int, gpus: int, o: Offer | None = None) -> Cluster:
@@ -88,7 +95,7 @@ def test_one_gpu_on_the_profiled_accelerator_is_the_profile() -> None:
     assert pred.comm_s == 0.0 and pred.global_batch == 16
 
 
-def test_two_nodes_add_the_ring_time_with_gamma_one() -> None:
+def test_two_nodes_add_the_ring_time_without_overlap() -> None:
     model = PerformanceModel(SPECS, Calibration(PHYS))
     pred = model.predict(PROFILE, one_group(2, 1))
     ring = 100 * 1024**2 / (50e9 / 8)  # 2 workers: S/beta
@@ -96,8 +103,67 @@ def test_two_nodes_add_the_ring_time_with_gamma_one() -> None:
     assert pred.step_s == pytest.approx(0.18 + ring)
 
 
+def test_ring_crossing_nodes_carries_every_gpus_share_through_the_nic() -> None:
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    one_each = model.predict(PROFILE, one_group(3, 1)).allreduce_s
+    two_each = model.predict(PROFILE, one_group(3, 2)).allreduce_s
+    # flat ring over p GPUs: 2(p-1)/p of the gradients through the slowest link (NIC)
+    assert two_each / one_each == pytest.approx((2 * 5 / 6) / (2 * 2 / 3))
+    inside = model.predict(PROFILE, one_group(1, 4)).allreduce_s
+    assert inside == pytest.approx(1.5 * 100 * 1024**2 / 15.75e9)
+
+
+def test_each_message_pays_the_latency_of_every_hop_on_the_ring() -> None:
+    tiny = coarse({16: 0.18}, grad_bytes=1)  # one bucket, no bandwidth term to speak of
+    inter = PhysicsConstants(tail_fraction=1.0, inter_latency_s=1e-3, intra_latency_s=0.0)
+    intra = PhysicsConstants(tail_fraction=1.0, inter_latency_s=0.0, intra_latency_s=1e-3)
+    # 2 nodes x 4 GPUs: 14 hops, 2 of them across nodes
+    across = PerformanceModel(SPECS, Calibration(inter)).predict(tiny, one_group(2, 4))
+    inside = PerformanceModel(SPECS, Calibration(intra)).predict(tiny, one_group(2, 4))
+    assert across.allreduce_s == pytest.approx(2e-3, rel=1e-3)
+    assert inside.allreduce_s == pytest.approx(12e-3, rel=1e-3)
+
+
+def test_two_node_factor_scales_only_two_node_all_reduces() -> None:
+    plain = PerformanceModel(SPECS, Calibration(PHYS))
+    slow = PerformanceModel(SPECS, Calibration(dataclasses.replace(PHYS, two_node_factor=1.5)))
+    for nodes, factor in ((1, 1.0), (2, 1.5), (3, 1.0)):
+        a = plain.predict(PROFILE, one_group(nodes, 2)).allreduce_s
+        b = slow.predict(PROFILE, one_group(nodes, 2)).allreduce_s
+        assert b == pytest.approx(factor * a)
+
+
+def test_coarse_overlap_hides_all_but_the_tail_until_the_network_is_slower() -> None:
+    phys = PhysicsConstants(
+        tail_fraction=0.2, overlap_window=0.5, inter_latency_s=0.0, intra_latency_s=0.0
+    )
+    model = PerformanceModel(SPECS, Calibration(phys))
+    backward = 0.18 * 2 / 3  # coarse profile: backward is 2/3 of compute
+    fast = model.predict(PROFILE, one_group(1, 2))  # PCIe: all-reduce << backward
+    assert fast.comm_s == pytest.approx(0.2 * fast.allreduce_s)
+    slow = model.predict(PROFILE, one_group(8, 1, offer(gbps=5.0)))  # all-reduce > backward
+    assert slow.allreduce_s > backward
+    assert slow.comm_s == pytest.approx(slow.allreduce_s - 0.5 * backward)
+
+
+def test_a_jobs_own_terms_apply_to_that_job_only() -> None:
+    terms = JobTerms("mine", tail_fraction=1.0, overlap_window=0.0, colocation_slowdown=0.1)
+    cal = Calibration(dataclasses.replace(PHYS, tail_fraction=0.1), jobs=(terms,))
+    model = PerformanceModel(SPECS, cal)
+    mine = dataclasses.replace(PROFILE, model_name="mine")
+    other = dataclasses.replace(PROFILE, model_name="other")
+    a = model.predict(mine, one_group(2, 4))
+    b = model.predict(other, one_group(2, 4))
+    assert a.compute_s == pytest.approx(1.3 * b.compute_s)
+    assert a.comm_s == pytest.approx(a.allreduce_s)  # tail 1: nothing hidden
+    assert b.comm_s < b.allreduce_s
+    assert cal.physics_for("other") == cal.physics
+
+
 def test_predict_equals_predict_batch_on_one_candidate() -> None:
-    cal = Calibration(PhysicsConstants(gamma=2.5, colocation_slowdown=0.03, straggler_cv=0.02))
+    cal = Calibration(
+        PhysicsConstants(tail_fraction=0.4, colocation_slowdown=0.03, straggler_cv=0.02)
+    )
     model = PerformanceModel(SPECS, cal)
     cluster = Cluster((ClusterGroup(offer(), 2, 4), ClusterGroup(offer("V100", 8, 25), 1, 8)))
     for kwargs in ({}, {"local_batch": 12}, {"global_batch": 500}):
@@ -178,7 +244,7 @@ def test_unknown_accelerator_is_not_a_fit() -> None:
 def test_correction_multiplies_multi_gpu_steps_only() -> None:
     leaf = Tree((0,), (0.0,), (-1,), (-1,), (0.0,))
     doubling = Correction(
-        ("log_replicas", "log_nodes", "gpus_per_node", "log_comm_over_compute"),
+        FEATURE_NAMES,
         TreeEnsemble(float(np.log(2.0)), 1.0, (leaf,)),
         TreeEnsemble(float(np.log(1.5)), 1.0, (leaf,)),
         TreeEnsemble(float(np.log(3.0)), 1.0, (leaf,)),
@@ -254,14 +320,25 @@ def test_step_time_spread_adds_a_straggler_cost_that_grows_with_workers() -> Non
             PROFILE.steps, step=Spread(0.18, 0.18, 0.18 + 1.2816 * 0.018, 50)
         ),
     )
-    model = PerformanceModel(SPECS, Calibration(PhysicsConstants(gamma=10.0)))
+    overlap = PhysicsConstants(tail_fraction=1e-3, overlap_window=1.0)
+    model = PerformanceModel(SPECS, Calibration(overlap))
     cands = CandidateArrays.from_clusters([one_group(1, 1), one_group(1, 4), one_group(16, 4)])
     quiet, loud = model.predict_batch(PROFILE, cands), model.predict_batch(noisy, cands)
     assert loud.step_s[0] == pytest.approx(quiet.step_s[0])
     pred = model.predict(noisy, one_group(1, 4))
-    assert pred.compute_s == pytest.approx(0.18 * (1 + 0.1 * np.sqrt(2 * np.log(4))))
+    # E[max of 4 standard normals] = 1.0294 (order-statistics tables)
+    assert pred.compute_s == pytest.approx(0.18 * (1 + 0.1 * 1.0294), rel=1e-4)
     gain = loud.step_s / quiet.step_s
     assert 1.0 < gain[1] < gain[2]
+
+
+def test_expected_max_of_normals_matches_order_statistics() -> None:
+    got = expected_max_z(np.array([1, 2, 3, 10, 100, 1024, 1025, 10**6]))
+    # 1/sqrt(pi), 3/(2 sqrt(pi)), and tabulated values for 10 and 100
+    assert got[:5].tolist() == pytest.approx([0.0, 0.5642, 0.8463, 1.5388, 2.5076], abs=2e-4)
+    assert np.all(np.diff(got) > 0)
+    assert got[6] == pytest.approx(got[5], rel=0.02)  # the asymptote joins the table
+    assert got[7] < np.sqrt(2 * np.log(10**6))
 
 
 def test_core_model_imports_without_torch_sky_or_scikit_learn() -> None:

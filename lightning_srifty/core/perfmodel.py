@@ -292,6 +292,26 @@ class PerformanceModel:
         predicted = max(flops / peak, moved / bw) / ROOFLINE_EFFICIENCY
         return predicted / measured
 
+    @staticmethod
+    def host_share(profile: Profile) -> float:
+        """Share of the profiled compute time spent on the host, not the accelerator.
+
+        A detailed profile splits each step into forward, backward and optimizer (device
+        work) and the rest: waiting for the data loader and framework overhead, which
+        run on the CPU and do not get faster on a faster accelerator. Only the device
+        share takes the roofline ratio; the host share is kept as measured. Coarse
+        profiles have no split (0).
+        """
+        s = profile.steps
+        device = s.forward_s + s.backward_s + s.optimizer_s
+        if profile.kind != "detailed" or device <= 0:
+            return 0.0
+        exposed = profile.communication.exposed_s if profile.communication is not None else 0.0
+        compute = s.step.mean_s - exposed
+        if compute <= 0:
+            return 0.0
+        return float(min(max((compute - device) / compute, 0.0), 1.0))
+
     def _phase_shares(self, profile: Profile) -> tuple[float, float]:
         """(forward share, backward share) of compute; the rest is the optimizer."""
         s = profile.steps
@@ -334,7 +354,11 @@ class PerformanceModel:
             ratio[mask] = np.nan if r is None else r
         known = ~np.isnan(ratio) | ~present
         colocation = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
-        speed_scale = np.where(present & known, np.nan_to_num(ratio, nan=1.0) * colocation, 1.0)
+        host = self.host_share(profile)
+        device_ratio = np.nan_to_num(ratio, nan=1.0)
+        speed_scale = np.where(
+            present & known, ((1.0 - host) * device_ratio + host) * colocation, 1.0
+        )
 
         static, per_sample = self.memory_model(profile)
         usable = np.asarray(cand.gpu_memory_gib, dtype=np.float64) * GIB * MEMORY_HEADROOM

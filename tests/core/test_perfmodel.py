@@ -358,3 +358,21 @@ def test_core_model_imports_without_torch_sky_or_scikit_learn() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_host_time_does_not_speed_up_on_a_faster_gpu() -> None:
+    # 0.14 s per step: 0.10 s of forward/backward/optimizer on the T4, 0.04 s waiting
+    # for the data loader on the host.
+    layer = LayerTiming("l", "b", "Linear", 0.02, 0.06, 10, 40, flops=1e12, activation_bytes=1)
+    steps = StepTimes(Spread(0.14, 0.14, 0.14, 10), 0.02, 0.06, 0.02, 0.04, 0, 10)
+    prof = dataclasses.replace(
+        coarse({16: 0.14}), kind="detailed", layers=(layer,), steps=steps, batch_points=()
+    )
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    assert model.host_share(prof) == pytest.approx(0.04 / 0.14)
+    v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
+    device = 0.10 * 8.1 / 15.7  # compute-bound: by the peak ratio
+    assert v100 == pytest.approx(device + 0.04)
+    t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
+    assert t4 == pytest.approx(0.14)  # on the profiled GPU nothing changes
+    assert model.host_share(PROFILE) == 0.0  # a coarse profile has no split

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -114,7 +114,6 @@ class LaunchOutcome:
     run: RunSummary | None
     """``None`` on a dry run."""
     local_topology: LocalTopology | None = None
-    notes: tuple[str, ...] = field(default=())
 
 
 def default_checkpoint_uri(run_dir: Path) -> str:

@@ -25,12 +25,10 @@ from pathlib import Path
 
 import psutil
 
+from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Cluster
 from lightning_srifty.core.errors import LaunchError
 from lightning_srifty.launch.backend import PREEMPTED_EXIT_CODE, JobState, LaunchSpec
-
-PREEMPTION_MARKER = "preempted"
-"""File the callback writes into ``SRIFTY_STATE_DIR`` after an emergency checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +160,7 @@ class LocalBackend:
         job.exit_codes = codes
         if any(code is None for code in codes):
             return JobState.RUNNING
-        if job.preempt_injected or (job.state_dir / PREEMPTION_MARKER).exists():
+        if job.preempt_injected or (job.state_dir / proto.PREEMPTED_MARKER).exists():
             return JobState.PREEMPTED
         if any(code == PREEMPTED_EXIT_CODE for code in codes):
             return JobState.PREEMPTED
@@ -215,7 +213,7 @@ def _job_env(
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(extra)
-    env["SRIFTY_STATE_DIR"] = str(state_dir)
+    env[proto.ENV_STATE_DIR] = str(state_dir)
     env["SRIFTY_NUM_NODES"] = str(topology.nodes)
     env["SRIFTY_NODE_RANK"] = str(node_rank)
     env["SRIFTY_PROCS_PER_NODE"] = str(topology.procs_per_node)

@@ -143,10 +143,6 @@ def plan_from_args(
     return plan(profile, offers, model, request), request
 
 
-def _money(x: float) -> str:
-    return format_money(x)
-
-
 def _gain(base: float, best: float, unit: str) -> str:
     """What plan #1 saves over a baseline, with the share of the baseline's figure."""
     diff = base - best
@@ -165,7 +161,7 @@ def print_table(result: PlanResult, request: PlanRequest) -> None:
     if request.deadline_h is not None:
         title += f", deadline {format_hours(request.deadline_h)}"
     if request.budget_usd is not None:
-        title += f", budget {_money(request.budget_usd)}"
+        title += f", budget {format_money(request.budget_usd)}"
     table = Table(title=title)
     for name, justify in (
         ("#", "right"), ("cluster", "left"), ("market", "left"), ("region/zone", "left"),
@@ -184,8 +180,8 @@ def print_table(result: PlanResult, request: PlanRequest) -> None:
             str(p.cluster.world_size),
             f"{format_seconds(p.step_s)} ± {format_seconds(spread)}",
             format_hours(p.time_to_target_h),
-            _money(p.cost_usd),
-            _money(p.hourly_usd),
+            format_money(p.cost_usd),
+            format_money(p.hourly_usd),
             f"{p.deadline_probability:.0%}" if request.deadline_h is not None else "—",
         )
     console.print(table)
@@ -198,7 +194,7 @@ def print_table(result: PlanResult, request: PlanRequest) -> None:
             b.label,
             f"{b.cluster.describe()} ({b.cluster.groups[0].offer.region})",
             format_hours(b.time_to_target_h),
-            _money(b.cost_usd),
+            format_money(b.cost_usd),
             _gain(b.cost_usd, best.cost_usd, "$"),
             _gain(b.time_to_target_h, best.time_to_target_h, "h"),
         )

@@ -174,6 +174,10 @@ class LocalBackend:
         job.preempt_injected = True
         _signal_trees(job.processes, signal.SIGTERM, grace_s)
 
+    def kill(self, handle: object) -> None:
+        """SIGKILL to every process of the job at once: a crash with no notice, no cleanup."""
+        _signal_trees(_as_job(handle).processes, signal.SIGKILL, 0.0)
+
     def stop(self, handle: object) -> None:
         job = _as_job(handle)
         _signal_trees(job.processes, signal.SIGTERM, 5.0)

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
@@ -126,25 +125,6 @@ def _wait(job: LocalJob, backend: LocalBackend, timeout_s: float = 240.0) -> Job
     return state
 
 
-def _sigkill_tree(job: LocalJob) -> None:
-    """SIGKILL to the agents and every worker at once: no notice, no cleanup."""
-    tree: list[psutil.Process] = []
-    for proc in job.processes:
-        try:
-            root = psutil.Process(proc.pid)
-            tree += [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-    for member in tree:
-        try:
-            member.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=10)
-    for proc in job.processes:
-        proc.wait(timeout=10)
-
-
 def _until(condition: Callable[[], bool], job: LocalJob, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -180,7 +160,7 @@ def test_sigkill_at_random_steps_resumes_to_identical_weights(
         job = run.start()
         attempt = run.attempt
         _until(lambda a=attempt, k=kill_at: max(run.logged_steps(a), default=0) >= k, job)
-        _sigkill_tree(job)
+        run.backend.kill(job)
         reached = max(run.logged_steps(attempt))
         assert reached < TARGET_STEPS
         newest = store.refs()[0]

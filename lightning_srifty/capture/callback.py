@@ -32,6 +32,7 @@ import os
 import platform
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,18 @@ from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings
 from lightning_srifty.capture.timing import (
     BucketAccumulator,
     BucketEvent,
+    CallSpan,
     LayerAccumulator,
     LayerInfo,
     ModelFacts,
     RankMeasurement,
     StepRecord,
+    assign_parameters,
+    block_names,
     build_profile,
+    exclusive_calls,
+    exclusive_nested,
+    fold_into_records,
 )
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.launch_protocol import ATTACHED_MARKER, ENV_PROFILE_PATH, ENV_STATE_DIR
@@ -100,6 +107,34 @@ class CudaClock:
 
 
 Clock = CpuClock | CudaClock
+
+
+@dataclass
+class _Micro:
+    """Marks of one micro-batch (one forward/backward) inside an optimizer step."""
+
+    data_wait_s: float
+    start: Any
+    before_backward: Any = None
+    after_backward: Any = None
+    before_optimizer: Any = None
+    bwd_start: dict[str, list[Any]] = field(default_factory=dict)
+    param_end: dict[str, list[Any]] = field(default_factory=dict)
+    """Marks when a module's own parameters got their gradients."""
+    input_end: dict[str, list[Any]] = field(default_factory=dict)
+    """Marks when a module's inputs got theirs (late when an input is used elsewhere too)."""
+
+
+@dataclass(frozen=True)
+class _Records:
+    """The per-layer records of a profile, by module path (``""`` is the LightningModule)."""
+
+    names: tuple[str, ...]
+    params: dict[str, tuple[int, int]]
+    """``(count, bytes)`` of the parameters each record holds."""
+    blocks: dict[str, str]
+    display: dict[str, str]
+    """Name written to the profile (the root's is its class name)."""
 
 
 class SriftyCallback(pl.Callback):
@@ -171,6 +206,10 @@ class SriftyCallback(pl.Callback):
     def _reset_window(self) -> None:
         self._clock: Clock = CpuClock()
         self._seen_steps = 0
+        """Optimizer steps completed so far (warm-up included)."""
+        self._micro_in_step = 0
+        """Micro-batches of the optimizer step under way (``accumulate_grad_batches``)."""
+        self._global_step_at_start = 0
         self._epochs_in_window = 0
         self._measuring = False
         self._in_step = False
@@ -178,23 +217,32 @@ class SriftyCallback(pl.Callback):
         self._hookless_params: list[torch.Tensor] = []
         self._recorder: ddp.BucketRecorder | None = None
         self._flop_mode: FlopCounterMode | None = None
-        self._layer_flops: dict[str, float] = {}
+        self._module_flops: dict[str, float] = {}
+        """Forward FLOPs per module, exclusive of the modules below it."""
+        self._flop_forward: dict[str, float] = {}
+        self._flop_mark: dict[str, float] | None = None
+        self._grad_input: set[str] = set()
+        """Modules called with an input that needs a gradient (their backward computes it)."""
         self._flops_per_step = 0.0
-        self._leaves: dict[str, torch.nn.Module] = {}
-        self._forward_order: list[str] = []
+        self._forward_only_flops = False
+        self._modules: dict[str, torch.nn.Module] = {}
+        self._containers: set[str] = set()
+        self._ran: list[str] = []
+        self._ran_set: set[str] = set()
         self._activation_bytes: dict[str, int] = {}
+        self._seen_outputs: set[int] = set()
         self._layers = LayerAccumulator()
         self._buckets = BucketAccumulator()
         self._steps: list[StepRecord] = []
+        self._micro_counts: list[int] = []
         self._peak_bytes = 0
         self._local_batch_size = 1
         self._last_end_host: float | None = None
-        self._data_wait_s = 0.0
-        self._marks: dict[str, Any] = {}
-        self._fwd: dict[str, list[tuple[Any, Any]]] = {}
-        self._fwd_open: dict[str, Any] = {}
-        self._bwd_start: dict[str, list[Any]] = {}
-        self._bwd_end: dict[str, list[Any]] = {}
+        self._micros: list[_Micro] = []
+        self._calls: list[list[Any]] = []
+        """This step's module calls: ``[name, parent index, start mark, end mark]``."""
+        self._stack: list[int] = []
+        self._end_mark: Any = None
 
     # ------------------------------------------------------------ lightning
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -224,11 +272,8 @@ class SriftyCallback(pl.Callback):
         if self.profiled:
             return
         self._clock = CudaClock() if pl_module.device.type == "cuda" else CpuClock()
-        self._leaves = {
-            name: module
-            for name, module in pl_module.named_modules()
-            if name and not any(True for _ in module.children())
-        }
+        self._modules = dict(pl_module.named_modules())
+        self._containers = {n for n, m in self._modules.items() if _is_container(m)}
         model = trainer.strategy.model
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             recorder = ddp.BucketRecorder(mark=self._clock.mark, process_group=model.process_group)
@@ -241,35 +286,53 @@ class SriftyCallback(pl.Callback):
         if self.profiled:
             return
         now = time.perf_counter()
-        self._data_wait_s = now - self._last_end_host if self._last_end_host is not None else 0.0
-        if self._seen_steps == self.warmup_steps - 1:
-            self._flop_mode = FlopCounterMode(display=False)
-            self._flop_mode.__enter__()
-        if self._seen_steps == self.warmup_steps:
-            self._start_window(pl_module, batch)
+        data_wait = now - self._last_end_host if self._last_end_host is not None else 0.0
+        if self._micro_in_step == 0:
+            # The first micro-batch of an optimizer step: warm-up, FLOPs and window
+            # boundaries are counted in optimizer steps, whatever the accumulation.
+            self._global_step_at_start = int(trainer.global_step)
+            if self._seen_steps == self.warmup_steps - 1:
+                self._flop_mode = FlopCounterMode(display=False)
+                self._flop_mode.__enter__()
+                self._flop_forward = {}
+            if self._seen_steps == self.warmup_steps:
+                self._start_window(pl_module, batch)
+            if self._measuring:
+                self._micros, self._calls, self._stack = [], [], []
+                if self._recorder is not None:
+                    self._recorder.take()
+        self._micro_in_step += 1
+        if self._flop_mode is not None:
+            self._flop_mark = _flop_totals(self._flop_mode)
         if self._measuring:
             self._in_step = True
-            self._fwd, self._fwd_open, self._bwd_start, self._bwd_end = {}, {}, {}, {}
-            self._marks = {"start": self._clock.mark()}
-            if self._recorder is not None:
-                self._recorder.take()
+            self._seen_outputs = set()
+            self._micros.append(_Micro(data_wait_s=data_wait, start=self._clock.mark()))
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
-        if self._measuring:
-            self._marks.setdefault("before_backward", self._clock.mark())
+        if self._flop_mode is not None and self._flop_mark is not None:
+            # Forward counts only: the module tracker follows the forward exactly, but in
+            # backward it keeps a module open until all its inputs' gradients are summed,
+            # which double-counts when an input feeds several modules.
+            for key, total in _flop_totals(self._flop_mode).items():
+                done = total - self._flop_mark.get(key, 0.0)
+                self._flop_forward[key] = self._flop_forward.get(key, 0.0) + done
+            self._flop_mark = None
+        if self._measuring and self._micros and self._micros[-1].before_backward is None:
+            self._micros[-1].before_backward = self._clock.mark()
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._measuring:
-            self._marks["after_backward"] = self._clock.mark()
+        if self._measuring and self._micros:
+            self._micros[-1].after_backward = self._clock.mark()
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
         self._stop_flop_count(pl_module)
-        if self._measuring:
-            self._marks.setdefault("before_optimizer", self._clock.mark())
+        if self._measuring and self._micros and self._micros[-1].before_optimizer is None:
+            self._micros[-1].before_optimizer = self._clock.mark()
 
     def on_train_batch_end(
         self,
@@ -283,14 +346,25 @@ class SriftyCallback(pl.Callback):
             self._session.after_step(trainer)
         if self.profiled:
             return
+        # An optimizer step ended with this micro-batch (Lightning also steps on the last
+        # batch of an epoch that does not fill an accumulation cycle).
+        stepped = (
+            int(trainer.accumulate_grad_batches) <= 1
+            or int(trainer.global_step) > self._global_step_at_start
+        )
+        self._last_end_host = time.perf_counter()
+        if not stepped:
+            self._in_step = False
+            return
         self._stop_flop_count(pl_module)
         if self._measuring:
-            self._marks["end"] = self._clock.mark()
+            self._end_mark = self._clock.mark()
             self._in_step = False
             self._finish_step()
             if self.profile_epochs is None and len(self._steps) >= self.profile_steps:
                 self._end_window(trainer, pl_module)
         self._seen_steps += 1
+        self._micro_in_step = 0
         self._last_end_host = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -321,40 +395,58 @@ class SriftyCallback(pl.Callback):
             self._local_batch_size = 1
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
-        for name, module in self._leaves.items():
+        hooked: set[int] = set()
+        for name, module in self._modules.items():
+            # Every module, not only leaves: a module that computes in its own forward
+            # (MultiheadAttention, a wrapper applying F.relu) gets its self time.
             self._handles.append(module.register_forward_pre_hook(self._pre_forward_hook(name)))
             self._handles.append(module.register_forward_hook(self._forward_hook(name)))
             for param in module.parameters(recurse=False):
-                if param.requires_grad:
+                if param.requires_grad and id(param) not in hooked:
+                    hooked.add(id(param))
                     if param._backward_hooks is None:
                         self._hookless_params.append(param)
-                    self._handles.append(param.register_hook(self._grad_end_hook(name)))
+                    self._handles.append(param.register_hook(self._grad_end_hook(name, True)))
         if self._recorder is not None:
             self._recorder.active = True
         self._measuring = True
 
     def _pre_forward_hook(self, name: str) -> Any:
+        container = name in self._containers
+
         def hook(module: torch.nn.Module, args: Any) -> None:
             if not self._in_step:
                 return
-            self._fwd_open[name] = self._clock.mark()
+            if name not in self._ran_set:
+                self._ran_set.add(name)
+                self._ran.append(name)
+            parent = self._stack[-1] if self._stack else -1
+            self._stack.append(len(self._calls))
+            self._calls.append([name, parent, self._clock.mark(), None])
+            if container:
+                return
             for tensor in _tensors(args):
                 if tensor.requires_grad:
-                    tensor.register_hook(self._grad_end_hook(name))
+                    self._grad_input.add(name)
+                    tensor.register_hook(self._grad_end_hook(name, False))
 
         return hook
 
     def _forward_hook(self, name: str) -> Any:
+        container = name in self._containers
+
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            if not self._in_step:
+            if not self._in_step or not self._stack:
                 return
-            end = self._clock.mark()
-            self._fwd.setdefault(name, []).append((self._fwd_open.pop(name, end), end))
-            if name not in self._forward_order:
-                self._forward_order.append(name)
-            outputs = _tensors(output)
-            self._activation_bytes[name] = sum(t.numel() * t.element_size() for t in outputs)
-            for tensor in outputs:
+            call = self._calls[self._stack.pop()]
+            call[3] = self._clock.mark()
+            if container:
+                return
+            fresh = [t for t in _tensors(output) if id(t) not in self._seen_outputs]
+            self._seen_outputs.update(id(t) for t in fresh)
+            # Activations once, by the module that produced them (not again by wrappers).
+            self._activation_bytes[name] = sum(t.numel() * t.element_size() for t in fresh)
+            for tensor in _tensors(output):
                 if tensor.requires_grad:
                     tensor.register_hook(self._grad_start_hook(name))
 
@@ -362,38 +454,60 @@ class SriftyCallback(pl.Callback):
 
     def _grad_start_hook(self, name: str) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            self._bwd_start.setdefault(name, []).append(self._clock.mark())
+            if self._micros:
+                self._micros[-1].bwd_start.setdefault(name, []).append(self._clock.mark())
 
         return hook
 
-    def _grad_end_hook(self, name: str) -> Any:
+    def _grad_end_hook(self, name: str, parameter: bool) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            if self._in_step:
-                self._bwd_end.setdefault(name, []).append(self._clock.mark())
+            if self._in_step and self._micros:
+                micro = self._micros[-1]
+                ends = micro.param_end if parameter else micro.input_end
+                ends.setdefault(name, []).append(self._clock.mark())
 
         return hook
 
     def _finish_step(self) -> None:
-        """Resolves this step's marks into durations (one synchronise on CUDA)."""
-        clock, marks = self._clock, self._marks
+        """Resolves this optimizer step's marks into durations (one synchronise on CUDA).
+
+        With gradient accumulation a step spans several micro-batches: forward and
+        backward add up over them, the optimizer runs once, and under DDP the buckets
+        are all-reduced in the last micro-batch's backward only.
+        """
+        clock, micros, end = self._clock, self._micros, self._end_mark
         clock.sync()
-        start, end = marks["start"], marks["end"]
-        before_bwd = marks.get("before_backward", start)
-        after_bwd = marks.get("after_backward", before_bwd)
-        before_opt = marks.get("before_optimizer", after_bwd)
-        forward = {
-            name: sum(max(clock.seconds(a, b), 0.0) for a, b in spans)
-            for name, spans in self._fwd.items()
-        }
+        forward = exclusive_calls(
+            [
+                CallSpan(name, parent, max(clock.seconds(a, b), 0.0) if b is not None else 0.0)
+                for name, parent, a, b in self._calls
+            ]
+        )
         backward: dict[str, float] = {}
+        forward_s = backward_s = data_wait_s = 0.0
         last_layer_end = 0.0
-        for name, starts in self._bwd_start.items():
-            ends = self._bwd_end.get(name, [])
-            begin = min(clock.seconds(before_bwd, m) for m in starts)
-            finish = max((clock.seconds(before_bwd, m) for m in ends), default=begin)
-            backward[name] = max(finish - begin, 0.0)
-            last_layer_end = max(last_layer_end, finish)
-        after_bwd_s = clock.seconds(before_bwd, after_bwd)
+        for micro in micros:
+            before_bwd = micro.before_backward or micro.start
+            after_bwd = micro.after_backward or before_bwd
+            forward_s += max(clock.seconds(micro.start, before_bwd), 0.0)
+            backward_s += max(clock.seconds(before_bwd, after_bwd), 0.0)
+            data_wait_s += micro.data_wait_s
+            spans: dict[str, float] = {}
+            last_layer_end = 0.0
+            params = _resolve(clock, before_bwd, micro.param_end)
+            inputs = _resolve(clock, before_bwd, micro.input_end)
+            for name, starts in micro.bwd_start.items():
+                span, finish = _backward_span(
+                    name, sorted(clock.seconds(before_bwd, m) for m in starts), params, inputs
+                )
+                spans[name] = span
+                last_layer_end = max(last_layer_end, finish)
+            for name, value in exclusive_nested(spans).items():
+                backward[name] = backward.get(name, 0.0) + value
+        first, last = micros[0], micros[-1]
+        before_bwd = last.before_backward or last.start
+        after_bwd_s = clock.seconds(before_bwd, last.after_backward or before_bwd)
+        before_opt = last.before_optimizer or last.after_backward or before_bwd
         bucket_events = []
         last_done = 0.0
         for raw in self._recorder.take() if self._recorder is not None else []:
@@ -406,13 +520,14 @@ class SriftyCallback(pl.Callback):
         exposed = max(min(last_done, after_bwd_s) - last_layer_end, 0.0) if bucket_events else 0.0
         self._layers.add_step(forward, backward)
         self._buckets.add_step(bucket_events)
+        self._micro_counts.append(len(micros))
         self._steps.append(
             StepRecord(
-                step_s=self._data_wait_s + clock.seconds(start, end),
-                forward_s=max(clock.seconds(start, before_bwd), 0.0),
-                backward_s=max(after_bwd_s, 0.0),
+                step_s=first.data_wait_s + clock.seconds(first.start, end),
+                forward_s=forward_s,
+                backward_s=backward_s,
                 optimizer_s=max(clock.seconds(before_opt, end), 0.0),
-                data_wait_s=self._data_wait_s,
+                data_wait_s=data_wait_s,
                 allreduce_s=sum(e.allreduce_s for e in bucket_events),
                 exposed_comm_s=exposed,
             )
@@ -424,14 +539,14 @@ class SriftyCallback(pl.Callback):
             return
         mode, self._flop_mode = self._flop_mode, None
         mode.__exit__(None, None, None)
-        counts = mode.get_flop_counts()
+        counts = {k: float(sum(v.values())) for k, v in mode.get_flop_counts().items()}
         self._flops_per_step = float(mode.get_total_flops())
-        self._layer_flops = {}
-        for name in self._leaves:
-            for key, per_op in counts.items():
-                if key.endswith("." + name):
-                    self._layer_flops[name] = float(sum(per_op.values()))
-                    break
+        forward = self._flop_forward or counts
+        names = _tracker_names(forward, pl_module)
+        self._module_flops = exclusive_nested(
+            {names[key]: value for key, value in forward.items() if key in names}
+        )
+        self._forward_only_flops = bool(self._flop_forward)
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -447,22 +562,54 @@ class SriftyCallback(pl.Callback):
             self._recorder.active = False
         self._in_step = False
 
+    def _records(self, pl_module: pl.LightningModule) -> _Records:
+        """Which modules are per-layer records, and the parameters each one holds.
+
+        A record is a module that ran in the window (not a pure container such as
+        ``nn.Sequential``), plus any module owning parameters with no record above it
+        (the LightningModule itself, say). Every parameter belongs to exactly one.
+        """
+        ran = [n for n in self._ran if n and n not in self._containers]
+        owners: list[tuple[str, int, int]] = []
+        seen: set[int] = set()
+        for name, module in self._modules.items():
+            for param in module.parameters(recurse=False):
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    owners.append((name, param.numel(), param.numel() * param.element_size()))
+        params, added = assign_parameters(owners, ran)
+        names = [*ran, *added]
+        root = type(pl_module).__name__
+        return _Records(
+            names=tuple(names),
+            params=params,
+            blocks=block_names(names),
+            display={n: (n or root) for n in names},
+        )
+
     def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove_hooks()
         self._measuring = False
         self.profiled = True
         if pl_module.device.type == "cuda":
             self._peak_bytes = int(torch.cuda.max_memory_allocated(pl_module.device))
+        records = self._records(pl_module)
+        means = self._layers.means()
+        forward = fold_into_records({n: f for n, (f, _) in means.items()}, records.names)
+        backward = fold_into_records({n: b for n, (_, b) in means.items()}, records.names)
         mine = RankMeasurement(
             rank=trainer.global_rank,
             steps=tuple(self._steps),
-            layers=self._layers.means(),
+            layers={
+                records.display[n]: (forward.get(n, 0.0), backward.get(n, 0.0))
+                for n in records.names
+            },
             buckets=self._buckets.buckets(),
             peak_memory_bytes=self._peak_bytes,
         )
         measurements = _gather(mine, trainer.world_size)
         if trainer.global_rank == 0:
-            profile = build_profile(measurements, self._facts(trainer, pl_module))
+            profile = build_profile(measurements, self._facts(trainer, pl_module, records))
             path = self._output_path(trainer)
             self.profile = profile
             self.written_path = save_profile(profile, path)
@@ -481,10 +628,30 @@ class SriftyCallback(pl.Callback):
         return Path(trainer.default_root_dir) / "srifty" / "profile.json"
 
     # --------------------------------------------------------------- facts
-    def _facts(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> ModelFacts:
-        order = self._forward_order + [n for n in self._leaves if n not in self._forward_order]
-        ran = [n for n in order if n in self._forward_order] or order
-        layers = tuple(_layer_info(name, self._leaves[name]) for name in ran)
+    def _facts(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, records: _Records
+    ) -> ModelFacts:
+        flops = fold_into_records(self._module_flops, records.names)
+        if self._forward_only_flops:
+            # Backward repeats each op once for the weights' gradients and once for the
+            # input's, when they need one (the first layer's input does not).
+            flops = {
+                n: f * (1 + (records.params.get(n, (0, 0))[0] > 0) + (n in self._grad_input))
+                for n, f in flops.items()
+            }
+        activations = fold_into_records(
+            {n: float(b) for n, b in self._activation_bytes.items()}, records.names
+        )
+        layers = tuple(
+            LayerInfo(
+                name=records.display[n],
+                block=records.display.get(records.blocks[n], records.blocks[n]),
+                module_type=type(self._modules[n]).__name__,
+                param_count=records.params.get(n, (0, 0))[0],
+                param_bytes=records.params.get(n, (0, 0))[1],
+            )
+            for n in records.names
+        )
         gradients = tuple(
             GradParam(
                 name=name,
@@ -500,14 +667,15 @@ class SriftyCallback(pl.Callback):
         backend = None
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             backend = str(dist.get_backend(model.process_group))
+        micro = int(trainer.accumulate_grad_batches)
         return ModelFacts(
             model_name=type(pl_module).__name__,
             environment=self._environment(trainer, pl_module),
             layers=layers,
             gradients=gradients,
             param_bytes=param_bytes,
-            layer_flops=dict(self._layer_flops),
-            layer_activation_bytes={n: self._activation_bytes.get(n, 0) for n in ran},
+            layer_flops={records.display[n]: v for n, v in flops.items()},
+            layer_activation_bytes={records.display[n]: int(v) for n, v in activations.items()},
             flops_per_step=self._flops_per_step,
             optimizer_state_bytes=_optimizer_state_bytes(trainer.optimizers),
             peak_kind="cuda_max_allocated" if pl_module.device.type == "cuda" else "cpu_rss",
@@ -515,6 +683,7 @@ class SriftyCallback(pl.Callback):
             comm_backend=backend,
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             dataset_size=_samples_per_epoch(trainer, self._local_batch_size),
+            trainer_limits=_trainer_limits(trainer, micro),
         )
 
     def _environment(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Environment:
@@ -539,6 +708,7 @@ class SriftyCallback(pl.Callback):
             lightning_version=lightning.__version__,
             instance_type=placement.instance_type,
             region=placement.region,
+            accumulate_grad_batches=max(int(trainer.accumulate_grad_batches), 1),
         )
 
 
@@ -562,15 +732,93 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def _layer_info(name: str, module: torch.nn.Module) -> LayerInfo:
-    params = list(module.parameters(recurse=False))
-    return LayerInfo(
-        name=name,
-        block=name.split(".", 1)[0],
-        module_type=type(module).__name__,
-        param_count=sum(p.numel() for p in params),
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
-    )
+def _flop_totals(mode: FlopCounterMode) -> dict[str, float]:
+    return {key: float(sum(per_op.values())) for key, per_op in mode.get_flop_counts().items()}
+
+
+def _resolve(clock: Clock, origin: Any, marks: Mapping[str, list[Any]]) -> dict[str, list[float]]:
+    return {name: [clock.seconds(origin, m) for m in found] for name, found in marks.items()}
+
+
+def _backward_span(
+    name: str,
+    starts: list[float],
+    params: Mapping[str, list[float]],
+    inputs: Mapping[str, list[float]],
+) -> tuple[float, float]:
+    """(time in ``name``'s backward, when it last finished), from sorted start offsets.
+
+    A module's backward starts when its output's gradient arrives and ends with the last
+    parameter gradient inside it; a subtree without parameters ends when its inputs'
+    gradients are ready (an input used elsewhere too would end it late, so parameters
+    win where there are any). A module called several times starts once per call: each
+    start owns the ends before the next start.
+    """
+    inside = [t for n, ts in params.items() if n == name or _under(n, name) for t in ts]
+    if not inside:
+        inside = [t for n, ts in inputs.items() if n == name or _under(n, name) for t in ts]
+    total, finish = 0.0, 0.0
+    for k, begin in enumerate(starts):
+        until = starts[k + 1] if k + 1 < len(starts) else float("inf")
+        ends = [t for t in inside if begin <= t < until]
+        if ends:
+            total += max(ends) - begin
+            finish = max(finish, max(ends))
+    return total, finish
+
+
+def _under(name: str, ancestor: str) -> bool:
+    """``name`` is a module below ``ancestor`` (every module is below the root ``""``)."""
+    return not ancestor or name.startswith(ancestor + ".")
+
+
+def _is_container(module: torch.nn.Module) -> bool:
+    """A module whose forward only calls its children (it computes nothing itself)."""
+    if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+        return True
+    return type(module).forward is torch.nn.Sequential.forward
+
+
+def _tracker_names(counts: Mapping[str, Any], root: torch.nn.Module) -> dict[str, str]:
+    """The module path of each of ``FlopCounterMode``'s keys.
+
+    Its module tracker names the first module called by its class and the modules
+    below by attribute, so a ``training_step`` calling ``self.net(x)`` yields
+    ``Net.conv1`` where the LightningModule's path is ``net.conv1``. Each key is
+    resolved from the outermost module of that class under which its path exists.
+    """
+    modules = dict(root.named_modules())
+    by_type: dict[str, list[str]] = {}
+    for name, module in modules.items():
+        by_type.setdefault(type(module).__name__, []).append(name)
+    out = {}
+    for key in counts:
+        head, _, rest = key.partition(".")
+        for base in sorted(by_type.get(head, []), key=lambda n: (n.count("."), len(n))):
+            full = ".".join(part for part in (base, rest) if part)
+            if full in modules:
+                out[key] = full
+                break
+    return out
+
+
+def _trainer_limits(trainer: pl.Trainer, micro_batches: int) -> dict[str, Any]:
+    """The script's own ``max_steps``/``max_epochs`` and its optimizer steps per epoch.
+
+    Recorded so the launcher can tell before launching whether the script's limits stop
+    training before the target it plans for (it never lifts them).
+    """
+    batches = trainer.num_training_batches
+    per_epoch = None
+    if isinstance(batches, int) and batches > 0:
+        per_epoch = -(-batches // max(micro_batches, 1))
+    max_epochs = trainer.max_epochs
+    return {
+        "max_steps": int(trainer.max_steps),
+        "max_epochs": int(max_epochs) if max_epochs is not None else -1,
+        "steps_per_epoch": per_epoch,
+        "world_size": int(trainer.world_size),
+    }
 
 
 def _optimizer_state_bytes(optimizers: list[Any]) -> int:

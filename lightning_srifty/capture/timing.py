@@ -8,8 +8,9 @@ with ``all_gather_object`` and rank zero can build one :class:`Profile`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from lightning_srifty.core.profile import (
     BlockTiming,
@@ -173,6 +174,134 @@ class ModelFacts:
     created_at: str = ""
     dataset_size: int | None = None
     """Samples one epoch consumes across all ranks (for ``--epochs`` targets), if known."""
+    trainer_limits: dict[str, Any] | None = None
+    """The script's own ``max_steps``/``max_epochs`` and optimizer steps per epoch."""
+
+
+def ancestors(name: str) -> list[str]:
+    """Dotted module paths above ``name``, nearest first, ending with the root ``""``."""
+    out = []
+    while name:
+        name = name.rpartition(".")[0]
+        out.append(name)
+    return out
+
+
+def exclusive_nested(inclusive: Mapping[str, float]) -> dict[str, float]:
+    """Per module, its inclusive value minus that of its nearest measured descendants.
+
+    Nesting follows the dotted module paths: a module's nearest measured descendants are
+    the measured modules whose nearest measured ancestor it is. Used for backward
+    spans and FLOP counts, which nest like the module tree. Clamped at zero.
+    """
+    children: dict[str, float] = {}
+    for name, value in inclusive.items():
+        if not name:
+            continue
+        parent = next((a for a in ancestors(name) if a in inclusive), None)
+        if parent is not None:
+            children[parent] = children.get(parent, 0.0) + value
+    return {name: max(value - children.get(name, 0.0), 0.0) for name, value in inclusive.items()}
+
+
+@dataclass(frozen=True)
+class CallSpan:
+    """One module call in one step: who called it and how long it took, inclusive."""
+
+    name: str
+    parent: int
+    """Index of the enclosing call in the same list, or -1 for an outermost call."""
+    seconds: float
+
+
+def exclusive_calls(calls: Sequence[CallSpan]) -> dict[str, float]:
+    """Self time per module: each call's duration minus its direct sub-calls', summed.
+
+    Forward calls nest by the dynamic call stack (a module may be called from anywhere,
+    not only from its parent), so the stack recorded by the hooks decides, not the paths.
+    """
+    inner = [0.0] * len(calls)
+    for call in calls:
+        if call.parent >= 0:
+            inner[call.parent] += call.seconds
+    out: dict[str, float] = {}
+    for call, sub in zip(calls, inner, strict=True):
+        out[call.name] = out.get(call.name, 0.0) + max(call.seconds - sub, 0.0)
+    return out
+
+
+def fold_into_records(values: Mapping[str, float], records: Collection[str]) -> dict[str, float]:
+    """Moves each module's value to its nearest record (itself or an ancestor).
+
+    Values of modules with no record above them (the root's own time when the root is
+    no record) are dropped: they belong to no layer.
+    """
+    out: dict[str, float] = {}
+    for name, value in values.items():
+        owner = (
+            name if name in records else next((a for a in ancestors(name) if a in records), None)
+        )
+        if owner is not None:
+            out[owner] = out.get(owner, 0.0) + value
+    return out
+
+
+def assign_parameters(
+    owners: Sequence[tuple[str, int, int]], records: Collection[str]
+) -> tuple[dict[str, tuple[int, int]], tuple[str, ...]]:
+    """Gives every parameter to exactly one record.
+
+    Args:
+        owners: ``(owning module, numel, bytes)`` per distinct parameter.
+        records: Modules that are records already (they ran, or own parameters).
+
+    Returns:
+        ``(count, bytes)`` per record, and the modules that had to become records of
+        their own (they own parameters but neither they nor an ancestor is a record).
+        A parameter goes to its own module when that is a record, else to the nearest
+        record above it: ``MultiheadAttention`` uses its ``out_proj`` weights without
+        calling ``out_proj``, so they are the attention record's.
+    """
+    known = set(records)
+    added: list[str] = []
+    totals: dict[str, tuple[int, int]] = {}
+    for module, numel, size in owners:
+        owner = (
+            module if module in known else next((a for a in ancestors(module) if a in known), None)
+        )
+        if owner is None:
+            owner = module
+            known.add(module)
+            added.append(module)
+        count, total = totals.get(owner, (0, 0))
+        totals[owner] = (count + numel, total + size)
+    return totals, tuple(added)
+
+
+def block_names(records: Sequence[str]) -> dict[str, str]:
+    """The block of each record, following the model's structure through wrappers.
+
+    Starting at the root, descend while exactly one child holds every record below
+    (a wrapper such as ``self.model`` or ``self.net``); the children of the first node
+    that branches are the blocks. A record at or above that node is its own block.
+    """
+    base = ""
+    while True:
+        prefix = f"{base}." if base else ""
+        heads = {
+            r[len(prefix) :].split(".", 1)[0] for r in records if r != base and r.startswith(prefix)
+        }
+        if len(heads) != 1:
+            break
+        base = prefix + heads.pop()
+    prefix = f"{base}." if base else ""
+    out = {}
+    for r in records:
+        if r and r.startswith(prefix) and r != base:
+            out[r] = prefix + r[len(prefix) :].split(".", 1)[0]
+        else:
+            out[r] = r
+    return out
 
 
 def build_profile(measurements: Sequence[RankMeasurement], facts: ModelFacts) -> Profile:
@@ -248,7 +377,7 @@ def build_profile(measurements: Sequence[RankMeasurement], facts: ModelFacts) ->
         ranks=summaries,
         model_name=facts.model_name,
         created_at=facts.created_at,
-        extra={"dataset_size": facts.dataset_size} if facts.dataset_size else {},
+        extra=_extra(facts),
     )
 
 
@@ -265,6 +394,15 @@ def roll_up_blocks(layers: Sequence[LayerTiming]) -> tuple[BlockTiming, ...]:
         BlockTiming(name=name, forward_s=f, backward_s=b, param_bytes=int(p), flops=fl)
         for name, (f, b, p, fl) in sums.items()
     )
+
+
+def _extra(facts: ModelFacts) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if facts.dataset_size:
+        extra["dataset_size"] = facts.dataset_size
+    if facts.trainer_limits:
+        extra["trainer"] = dict(facts.trainer_limits)
+    return extra
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -326,7 +326,9 @@ class PerformanceModel:
         """(static bytes, activation bytes per sample) on one GPU."""
         m = profile.memory
         static = float(m.param_bytes + m.grad_bytes + m.optimizer_state_bytes)
-        b0 = max(profile.environment.local_batch_size, 1)
+        # Per sample of an optimizer step: with accumulation only a micro-batch's
+        # activations are alive at once.
+        b0 = max(profile.environment.step_batch_size, 1)
         activations = float(m.activation_bytes)
         if m.peak_kind == "cuda_max_allocated" and m.peak_bytes > static:
             activations = max(activations, m.peak_bytes - static)
@@ -368,7 +370,7 @@ class PerformanceModel:
             cap = np.where(usable >= static, np.inf, 0.0)
         cap = np.where(present, cap, np.inf)
 
-        default_b = profile.environment.local_batch_size
+        default_b = profile.environment.step_batch_size
         if local_batch is not None:
             per_row = np.asarray(local_batch, dtype=np.float64).reshape(-1, 1)
             b = np.where(present, per_row, 0.0)

@@ -491,7 +491,7 @@ class BatchSemantics:
 
 def batch_semantics(profile: Profile) -> BatchSemantics:
     env = profile.environment
-    base = env.local_batch_size * env.world_size
+    base = env.step_batch_size * env.world_size  # samples per optimizer step
     stats = profile.stat_efficiency
     if stats is None:
         return BatchSemantics(base, True, None)
@@ -503,7 +503,7 @@ def _predict(
 ) -> StepTimeArrays:
     if sem.fixed_global_batch:
         return model.predict_batch(profile, cand, global_batch=sem.base_global_batch)
-    return model.predict_batch(profile, cand, local_batch=profile.environment.local_batch_size)
+    return model.predict_batch(profile, cand, local_batch=profile.environment.step_batch_size)
 
 
 def estimate_step_seconds(
@@ -914,7 +914,7 @@ def plan(
         )
     else:
         notes.append(
-            f"local batch fixed at {profile.environment.local_batch_size}; steps rescaled by "
+            f"local batch fixed at {profile.environment.step_batch_size}; steps rescaled by "
             f"statistical efficiency (noise scale {sem.noise_scale:.3g})"
         )
     return PlanResult(

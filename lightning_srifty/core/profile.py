@@ -40,6 +40,13 @@ class Environment:
     lightning_version: str
     instance_type: str | None = None
     region: str | None = None
+    accumulate_grad_batches: int = 1
+    """Micro-batches of ``local_batch_size`` per optimizer step; a step is one of those."""
+
+    @property
+    def step_batch_size(self) -> int:
+        """Samples one device processes per optimizer step (micro-batch × accumulation)."""
+        return self.local_batch_size * self.accumulate_grad_batches
 
     @staticmethod
     def from_reader(r: Reader) -> Environment:
@@ -55,6 +62,7 @@ class Environment:
             lightning_version=r.str("lightning_version"),
             instance_type=r.str("instance_type", None),
             region=r.str("region", None),
+            accumulate_grad_batches=r.int("accumulate_grad_batches", 1, minimum=1),
         )
 
 
@@ -417,7 +425,7 @@ class Profile:
             compute = max(compute - self.communication.exposed_s, 0.0)
         return (
             BatchPoint(
-                local_batch_size=self.environment.local_batch_size,
+                local_batch_size=self.environment.step_batch_size,
                 step_s=self.steps.step.mean_s,
                 compute_s=compute,
             ),

@@ -7,12 +7,18 @@ import pytest
 from lightning_srifty.capture.timing import (
     BucketAccumulator,
     BucketEvent,
+    CallSpan,
     LayerAccumulator,
     LayerInfo,
     ModelFacts,
     RankMeasurement,
     StepRecord,
+    assign_parameters,
+    block_names,
     build_profile,
+    exclusive_calls,
+    exclusive_nested,
+    fold_into_records,
 )
 from lightning_srifty.core.profile import Environment, GradParam, Profile
 
@@ -82,3 +88,56 @@ def test_build_profile_averages_layers_and_keeps_every_rank() -> None:
 def test_build_profile_needs_a_measurement() -> None:
     with pytest.raises(ValueError, match="at least one"):
         build_profile([], None)  # type: ignore[arg-type]
+
+
+def test_self_time_subtracts_direct_sub_calls_only() -> None:
+    # root(10) -> a(6) -> a.x(2), and root -> b(3); b is called again outside root (1).
+    calls = [
+        CallSpan("", -1, 10.0),
+        CallSpan("a", 0, 6.0),
+        CallSpan("a.x", 1, 2.0),
+        CallSpan("b", 0, 3.0),
+        CallSpan("b", -1, 1.0),
+    ]
+    assert exclusive_calls(calls) == {"": 1.0, "a": 4.0, "a.x": 2.0, "b": 4.0}
+
+
+def test_nested_values_follow_paths_through_unmeasured_modules() -> None:
+    # "a.seq" is not measured, so "a.seq.0" is a direct descendant of "a".
+    inclusive = {"": 12.0, "a": 9.0, "a.seq.0": 4.0, "a.seq.1": 3.0, "b": 2.0}
+    assert exclusive_nested(inclusive) == {
+        "": 1.0, "a": 2.0, "a.seq.0": 4.0, "a.seq.1": 3.0, "b": 2.0
+    }  # fmt: skip
+
+
+def test_folding_moves_container_time_to_the_nearest_record() -> None:
+    values = {"": 5.0, "body": 1.0, "body.0": 2.0, "head": 3.0}
+    assert fold_into_records(values, ["body.0", "head"]) == {"body.0": 2.0, "head": 3.0}
+    assert fold_into_records(values, ["", "body.0"]) == {"": 9.0, "body.0": 2.0}
+
+
+def test_every_parameter_lands_in_exactly_one_record() -> None:
+    owners = [
+        ("enc.attn", 30, 120),  # MultiheadAttention's own in_proj
+        ("enc.attn.out_proj", 10, 40),  # used by the attention's forward, never called
+        ("head", 5, 20),
+        ("", 1, 4),  # a parameter on the LightningModule itself
+    ]
+    totals, added = assign_parameters(owners, ["enc.attn", "head"])
+    assert totals == {"enc.attn": (40, 160), "head": (5, 20), "": (1, 4)}
+    assert added == ("",)
+    assert sum(c for c, _ in totals.values()) == sum(n for _, n, _ in owners)
+
+
+def test_blocks_descend_through_single_child_wrappers() -> None:
+    records = ["model", "model.embedding", "model.tx.layers.0.attn", "model.tx.norm", "model.out"]
+    assert block_names(records) == {
+        "model": "model",
+        "model.embedding": "model.embedding",
+        "model.tx.layers.0.attn": "model.tx",
+        "model.tx.norm": "model.tx",
+        "model.out": "model.out",
+    }
+    assert block_names(["body.0", "body.2", "head"]) == {
+        "body.0": "body", "body.2": "body", "head": "head"
+    }  # fmt: skip

@@ -298,6 +298,16 @@ def test_epochs_need_a_dataset_size_and_use_the_profile_extra() -> None:
     assert result.best.steps_to_target == result.target_steps_at_base
 
 
+def test_epochs_count_optimizer_steps_under_gradient_accumulation() -> None:
+    base = make_profile(dataset_size=50_000)
+    env = replace(base.environment, accumulate_grad_batches=2)
+    accumulated = replace(base, environment=env)
+    result = plan(accumulated, small_catalog(), MODEL, PlanRequest(epochs=2.0))
+    # Each optimizer step takes two micro-batches of 32: half the steps of no accumulation.
+    assert result.target_steps_at_base == math.ceil(2.0 * 50_000 / 64)
+    assert result.base_global_batch == 64
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{}, {"target_steps": 0}, {"target_steps": 5, "objective": "fast"},

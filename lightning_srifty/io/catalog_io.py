@@ -18,8 +18,10 @@ from __future__ import annotations
 import ast
 import csv
 import importlib
+import importlib.util
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -189,12 +191,33 @@ def load_spot_bands(path: str | os.PathLike[str] | None = None) -> SpotBands:
 def skypilot_catalog_path() -> Path | None:
     """Where SkyPilot keeps its AWS catalog, or ``None`` without SkyPilot.
 
-    A pure path lookup through ``sky.catalog.common``; it does not read or download.
+    Computed the way ``sky.catalog.common.get_catalog_path`` does it
+    (``$SKY_RUNTIME_DIR`` or ``~``, then ``.sky/catalogs/<schema>/aws/vms.csv``, see
+    ``sky/skylet/runtime_utils.py``: ``get_runtime_dir_path``), without importing
+    ``sky``: that import alone takes seconds, most of ``srifty plan``'s start-up. The
+    schema version is read from the installed ``sky/skylet/constants.py``; only if that
+    cannot be read is SkyPilot imported to ask. A pure path lookup: nothing is read or
+    downloaded.
     """
-    common = _sky_catalog_common()
-    if common is None:
+    spec = importlib.util.find_spec("sky")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(common.get_catalog_path(SKYPILOT_AWS_CATALOG))
+    schema = _sky_catalog_schema(Path(next(iter(spec.submodule_search_locations))))
+    if schema is None:
+        common = _sky_catalog_common()
+        return None if common is None else Path(common.get_catalog_path(SKYPILOT_AWS_CATALOG))
+    runtime = os.path.expanduser(os.environ.get("SKY_RUNTIME_DIR", "~"))
+    return Path(runtime) / ".sky" / "catalogs" / schema / SKYPILOT_AWS_CATALOG
+
+
+def _sky_catalog_schema(package: Path) -> str | None:
+    """``CATALOG_SCHEMA_VERSION`` from SkyPilot's constants file, read as text."""
+    try:
+        text = (package / "skylet" / "constants.py").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = re.search(r"^CATALOG_SCHEMA_VERSION\s*=\s*['\"]([A-Za-z0-9_.-]+)['\"]", text, re.M)
+    return found.group(1) if found else None
 
 
 # --- the offer table ------------------------------------------------------------------
@@ -324,28 +347,19 @@ def _read_vms(
 def _read_vms_through_skypilot(
     path: Path,
 ) -> tuple[list[str], list[tuple[int, dict[str, str]]], str]:
-    """Reads SkyPilot's catalog with SkyPilot's reader (the file exists: no download)."""
-    common = _sky_catalog_common()
-    assert common is not None  # the caller found the path through it
+    """Reads SkyPilot's local catalog file (it exists: nothing is downloaded).
+
+    The file is the CSV that SkyPilot's own ``read_catalog`` loads with pandas when it
+    exists and no refresh interval is asked for; it is read here as text, so planning
+    never pays for importing ``sky``.
+    """
     label = f"SkyPilot catalog {path}"
     try:
-        frame: Any = common.read_catalog(SKYPILOT_AWS_CATALOG)
-        columns = [str(c) for c in frame.columns]
-        records = frame.to_dict(orient="records")
-    except (OSError, ValueError) as exc:  # pandas' ParserError is a ValueError
-        raise CatalogError(f"SkyPilot cannot read it ({exc})", source=label) from None
-    rows = [
-        (index + 2, {str(k): _cell_text(v) for k, v in record.items()})
-        for index, record in enumerate(records)
-    ]
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"cannot read it ({exc})", source=label) from None
+    columns, rows = _parse_csv_text(text, label)
     return columns, rows, label
-
-
-def _cell_text(value: object) -> str:
-    """A pandas cell back to the text a CSV reader would give (NaN → empty)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value)
 
 
 def _sky_catalog_common() -> Any:

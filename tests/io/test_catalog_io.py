@@ -7,6 +7,8 @@ import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -67,7 +69,7 @@ def test_bundled_snapshot_loads_offline(sky_runtime: Path) -> None:
     assert not any(sky_runtime.iterdir()), "loading must not create SkyPilot files"
 
 
-def test_skypilot_catalog_is_read_through_skypilot(sky_runtime: Path) -> None:
+def test_skypilot_catalog_file_is_read_when_present(sky_runtime: Path) -> None:
     target = sky_runtime / ".sky" / "catalogs" / "v8" / "aws" / "vms.csv"
     target.parent.mkdir(parents=True)
     rows = _vms_rows()
@@ -93,6 +95,26 @@ def test_skypilot_catalog_with_renamed_column_names_column_and_file(sky_runtime:
     with pytest.raises(CatalogError) as info:
         load_catalog("auto")
     assert "'AvailabilityZone'" in str(info.value) and str(target) in str(info.value)
+
+
+def test_catalog_path_matches_skypilot_without_importing_it(tmp_path: Path) -> None:
+    """Same path as SkyPilot's own lookup; planning never imports ``sky`` for it."""
+    script = (
+        "import json, sys\n"
+        "from lightning_srifty.io.catalog_io import load_catalog, skypilot_catalog_path\n"
+        "ours = str(skypilot_catalog_path())\n"
+        "load_catalog('auto')\n"
+        "imported = 'sky' in sys.modules\n"
+        "from sky.catalog import common\n"
+        "print(json.dumps([ours, common.get_catalog_path('aws/vms.csv'), imported]))\n"
+    )
+    env = {**os.environ, "SKY_RUNTIME_DIR": str(tmp_path / "runtime")}
+    done = subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    ours, theirs, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ours == theirs == str(tmp_path / "runtime" / ".sky/catalogs/v8/aws/vms.csv")
+    assert imported is False
 
 
 def test_skypilot_source_without_local_catalog_never_downloads(sky_runtime: Path) -> None:

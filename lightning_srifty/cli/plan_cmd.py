@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.errors import ConfigError
@@ -152,16 +154,73 @@ def _gain(base: float, best: float, unit: str) -> str:
     return f"{'+' if diff >= 0 else '-'}{format_hours(abs(diff))}{share}"
 
 
-def print_table(result: PlanResult, request: PlanRequest) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
+def _title(request: PlanRequest) -> str:
     title = f"srifty plan: objective {request.objective}"
     if request.deadline_h is not None:
         title += f", deadline {format_hours(request.deadline_h)}"
     if request.budget_usd is not None:
         title += f", budget {format_money(request.budget_usd)}"
+    return title
+
+
+def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> list[str]:
+    """The plans and baselines as plain lines for logs, CI and pipes.
+
+    A table squeezed into 80 columns cuts every cell ("clust…", "$5.6…"); here each plan
+    takes two lines that fit, what it is and what it costs, and nothing is cut.
+    """
+    lines = [_title(request)]
+    for rank, p in enumerate(result.plans, 1):
+        where = ", ".join(sorted({f"{g.offer.region} {g.offer.zone}" for g in p.cluster.groups}))
+        market = "spot" if p.use_spot else "on-demand"
+        spread = max(p.step_high_s - p.step_s, p.step_s - p.step_low_s)
+        gpus = p.cluster.world_size
+        odds = (
+            f", P(deadline) {p.deadline_probability:.0%}" if request.deadline_h is not None else ""
+        )
+        lines.append(
+            f"{rank:>2}. {p.cluster.describe()} {market}, {where}, "
+            f"{gpus} GPU{'s' if gpus != 1 else ''}{odds}"
+        )
+        lines.append(
+            f"    step {format_seconds(p.step_s)} ±{format_seconds(spread)}, "
+            f"{format_hours(p.time_to_target_h)} to target, {format_money(p.cost_usd)} "
+            f"({format_money(p.hourly_usd)}/h)"
+        )
+    best = result.best
+    lines.append("baselines (what plan #1 saves against each):")
+    for b in result.baselines:
+        lines.append(f"  - {b.label}: {b.cluster.describe()} in {b.cluster.groups[0].offer.region}")
+        money = _gain(b.cost_usd, best.cost_usd, "$")
+        hours = _gain(b.time_to_target_h, best.time_to_target_h, "h")
+        lines.append(
+            f"    {format_hours(b.time_to_target_h)}, {format_money(b.cost_usd)}; "
+            f"plan #1 saves {money} and {hours}"
+        )
+    lines.extend(textwrap.wrap(_searched(result), width=width))
+    return lines
+
+
+def _searched(result: PlanResult) -> str:
+    space = result.space
+    return (
+        f"searched {space.total:,} candidates ({space.homogeneous:,} homogeneous, "
+        f"{space.mixes:,} two-type mixes) over {space.instance_types} instance types; "
+        + "; ".join(result.notes)
+    )
+
+
+def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -> None:
+    """A rich table on a terminal; plain lines (:func:`plan_lines`) anywhere else."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    if not console.is_terminal:
+        for line in plan_lines(result, request):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    title = _title(request)
     table = Table(title=title)
     for name, justify in (
         ("#", "right"), ("cluster", "left"), ("market", "left"), ("region/zone", "left"),
@@ -199,12 +258,7 @@ def print_table(result: PlanResult, request: PlanRequest) -> None:
             _gain(b.time_to_target_h, best.time_to_target_h, "h"),
         )
     console.print(base_table)
-    space = result.space
-    console.print(
-        f"searched {space.total:,} candidates ({space.homogeneous:,} homogeneous, "
-        f"{space.mixes:,} two-type mixes) over {space.instance_types} instance types; "
-        + "; ".join(result.notes)
-    )
+    console.print(_searched(result))
 
 
 def run(

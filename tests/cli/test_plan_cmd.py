@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from lightning_srifty.cli import plan_cmd
 from lightning_srifty.cli.main import build_parser, main, run_guarded
+from lightning_srifty.core.units import format_money
 from lightning_srifty.io.profile_io import save_profile
 from tests.core.test_planner import SPECS, make_profile, small_catalog
 
@@ -24,18 +27,37 @@ def run_plan(argv: list[str]) -> int:
     return run_guarded(lambda: plan_cmd.run(args, small_catalog(), SPECS))
 
 
-def test_table_ranks_plans_and_shows_baselines(
-    profile_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("COLUMNS", "240")  # rich wraps to the terminal width
-    code = run_plan(["--profile", str(profile_path), "--target-steps", "20000",
-                     "--deadline", "2h", "--top", "3"])  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0
+def test_table_on_a_terminal_ranks_plans_and_shows_baselines(profile_path: Path) -> None:
+    args = build_parser().parse_args(["plan", "--profile", str(profile_path), "--target-steps",
+                                      "20000", "--deadline", "2h", "--top", "3"])  # fmt: skip
+    result, request = plan_cmd.plan_from_args(args, small_catalog(), SPECS)
+    screen = io.StringIO()
+    plan_cmd.print_table(result, request, Console(file=screen, force_terminal=True, width=240))
+    out = screen.getvalue()
     for header in ("cluster", "market", "time to target", "expected cost", "P(deadline)"):
         assert header in out
     assert "cheapest $/h that fits" in out and "fastest single node" in out
     assert "g4dn" in out and "searched" in out
+
+
+def test_output_off_a_terminal_fits_80_columns_and_cuts_nothing(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_plan(["--profile", str(profile_path), "--target-steps", "20000",
+                     "--deadline", "2h", "--top", "3"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    lines = out.splitlines()
+    assert lines and all(len(line) <= 80 for line in lines), max(lines, key=len)
+    assert "…" not in out
+    args = build_parser().parse_args(["plan", "--profile", str(profile_path), "--target-steps",
+                                      "20000", "--deadline", "2h", "--top", "3"])  # fmt: skip
+    result, _ = plan_cmd.plan_from_args(args, small_catalog(), SPECS)
+    for rank, p in enumerate(result.plans, 1):
+        line = next(x for x in lines if x.startswith(f"{rank:>2}. "))
+        assert p.cluster.describe() in line and p.cluster.groups[0].offer.zone in line
+        assert format_money(p.cost_usd) in out
+    assert "cheapest $/h that fits" in out and "fastest single node" in out
 
 
 def test_json_is_versioned_and_ranked(

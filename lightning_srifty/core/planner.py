@@ -34,6 +34,7 @@ probability of meeting the deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -922,6 +923,109 @@ def plan(
         baselines=tuple(_baselines(table, units, request, request.objective)),
         front=tuple((float(table.time_h[i]), float(table.cost[i])) for i in on_front),
         space=space,
+        target_steps_at_base=steps0,
+        base_global_batch=sem.base_global_batch,
+        fixed_global_batch=sem.fixed_global_batch,
+        notes=tuple(notes),
+    )
+
+
+def parse_pinned(text: str) -> tuple[tuple[str, int], ...]:
+    """``"g4dn.12xlarge:2,p3.8xlarge:1"`` -> ((type, nodes), ...) for ``--cluster``.
+
+    Raises:
+        ConfigError: not one or two ``TYPE:N`` groups with ``N >= 1`` and distinct types.
+    """
+    groups = []
+    for part in text.split(","):
+        name, sep, count = part.strip().rpartition(":")
+        if not sep or not name or not count.isdigit() or int(count) < 1:
+            raise ConfigError(
+                f"--cluster {text!r} is not valid: use TYPE:N[,TYPE:N], e.g. g4dn.12xlarge:2"
+            )
+        groups.append((name, int(count)))
+    if len(groups) > 2:
+        raise ConfigError(f"--cluster {text!r}: at most two instance types (a two-type mix)")
+    if len({name for name, _ in groups}) != len(groups):
+        raise ConfigError(f"--cluster {text!r} names an instance type twice")
+    return tuple(groups)
+
+
+def plan_pinned(
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+    pinned: Sequence[tuple[str, int]],
+) -> PlanResult:
+    """Prices the one cluster shape the user pinned (``--cluster TYPE:N[,TYPE:N]``).
+
+    The shape is not searched; where it runs is (zones and markets the request allows),
+    with the same model, spot expectations and memory check as :func:`plan`. A shape
+    that cannot run is refused; one that misses the deadline or budget is still
+    returned, with a note that says by how much.
+
+    Raises:
+        ConfigError: a type is not in the catalog, or the request's regions exclude it.
+        InfeasibleError: the model does not fit the pinned shape, or it has no price.
+    """
+    described = ",".join(f"{name}:{nodes}" for name, nodes in pinned)
+    known = {o.instance_type for o in offers}
+    for name, _ in pinned:
+        if name not in known:
+            raise ConfigError(
+                f"--cluster {described}: {name!r} is not an instance type of the catalog "
+                "(or has no accelerator the job can train on)"
+            )
+    counts = dict(pinned)
+    wide = dataclasses.replace(
+        request,
+        families=(),
+        exclude_families=(),
+        max_gpus=None,
+        max_nodes=sum(counts.values()),
+        mixes=len(pinned) == 2,
+        mix_node_counts=tuple(sorted(set(counts.values()))),
+    )
+    subset = [o for o in offers if o.instance_type in counts]
+    table, space, steps0, sem, units = evaluate(profile, subset, model, wide)
+    names = np.array([o.instance_type for o in units.offers], dtype=object)
+    a = names[table.unit_a] if names.size else np.zeros(0, dtype=object)
+    b = np.where(table.unit_b >= 0, names[np.maximum(table.unit_b, 0)], "") if names.size else a
+    if len(pinned) == 1:
+        ((name, nodes),) = pinned
+        shape = (a == name) & (table.nodes_a == nodes) & (table.unit_b < 0)
+    else:
+        (n1, c1), (n2, c2) = pinned
+        shape = ((a == n1) & (table.nodes_a == c1) & (b == n2) & (table.nodes_b == c2)) | (
+            (a == n2) & (table.nodes_a == c2) & (b == n1) & (table.nodes_b == c1)
+        )
+    runnable = shape & table.ok
+    if not shape.any():
+        raise InfeasibleError(
+            f"--cluster {described}: no priced offer of that shape in the allowed regions and "
+            "markets (two types must share a region)"
+        )
+    if not runnable.any():
+        raise InfeasibleError(
+            f"--cluster {described} cannot run this job: the model does not fit its GPU memory, "
+            "its accelerator is unknown, or it has more GPUs than the global batch has samples"
+        )
+    meets = runnable & _meets(table, request)
+    notes = [f"pinned to {described}: only its zones and markets were compared"]
+    pool_mask = meets
+    if not meets.any():
+        pool_mask = runnable
+        why = _infeasible_message(table.take(runnable), request).split(": ", 1)[-1]
+        notes.append(f"the pinned cluster misses the constraints: {why}")
+    front = _front_of(table, pool_mask)
+    order = _ranking(table, pool_mask, request.objective, front, int(pool_mask.sum()))
+    plans = _top(table, units, order, request.top_k)
+    return PlanResult(
+        plans=tuple(plans),
+        baselines=(),
+        front=tuple((float(table.time_h[i]), float(table.cost[i])) for i in front),
+        space=dataclasses.replace(space, homogeneous=int(shape.sum()), mixes=0),
         target_steps_at_base=steps0,
         base_global_batch=sem.base_global_batch,
         fixed_global_batch=sem.fixed_global_batch,

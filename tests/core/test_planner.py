@@ -23,7 +23,9 @@ from lightning_srifty.core.planner import (
     estimate_step_seconds,
     knee_index,
     pareto_front,
+    parse_pinned,
     plan,
+    plan_pinned,
     result_to_dict,
     spot_expectations,
     young_daly_interval_h,
@@ -434,3 +436,48 @@ def test_knee_is_the_bend_of_the_front() -> None:
     t = np.array([1.0, 2.0, 10.0])
     c = np.array([10.0, 3.0, 1.0])
     assert knee_index(t, c) == 1
+
+
+def test_pinned_cluster_is_priced_where_it_runs_not_searched() -> None:
+    profile = make_profile()
+    request = PlanRequest(target_steps=20_000, top_k=5)
+    result = plan_pinned(profile, small_catalog(), MODEL, request, parse_pinned("g4dn.12xlarge:2"))
+    assert {p.cluster.describe() for p in result.plans} == {"2x g4dn.12xlarge"}
+    assert result.baselines == ()
+    # The same shape, compared across its zones and markets, priced as the search prices it.
+    free = plan(profile, small_catalog(), MODEL, replace(request, top_k=200))
+    same = [p for p in free.plans if p.cluster.describe() == "2x g4dn.12xlarge"]
+    assert result.best.cost_usd == pytest.approx(min(p.cost_usd for p in same))
+    assert result.best.cost_usd >= free.best.cost_usd
+
+
+def test_pinned_mix_and_a_missed_deadline_are_said_not_hidden() -> None:
+    pinned = parse_pinned("g5.12xlarge:1,g5.xlarge:2")
+    request = PlanRequest(target_steps=2_000_000, deadline_h=1.0, top_k=3)
+    result = plan_pinned(make_profile(), small_catalog(), MODEL, request, pinned)
+    assert result.best.cluster.describe() in ("1x g5.12xlarge + 2x g5.xlarge",
+                                              "2x g5.xlarge + 1x g5.12xlarge")  # fmt: skip
+    assert any("misses the constraints" in note for note in result.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("g4dn.12xlarge", "use TYPE:N"),
+        ("g4dn.12xlarge:0", "use TYPE:N"),
+        ("a:1,b:1,c:1", "at most two"),
+        ("g5.xlarge:1,g5.xlarge:2", "twice"),
+    ],
+)
+def test_bad_pins_are_config_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_pinned(text)
+
+
+def test_pinning_an_unknown_or_too_small_type_is_refused() -> None:
+    request = PlanRequest(target_steps=100)
+    with pytest.raises(ConfigError, match="'p9.huge' is not an instance type"):
+        plan_pinned(make_profile(), small_catalog(), MODEL, request, (("p9.huge", 1),))
+    huge = make_profile(param_bytes=8 * 1024**3)  # weights, grads, Adam: 32 GiB > 16 GiB
+    with pytest.raises(InfeasibleError, match="cannot run this job"):
+        plan_pinned(huge, small_catalog(), MODEL, request, (("g4dn.xlarge", 1),))

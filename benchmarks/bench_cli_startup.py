@@ -56,9 +56,9 @@ def main() -> int:
         }
         print("profiling examples/train_digits.py once ...", flush=True)
         subprocess.run(  # noqa: S603
-            [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--max-steps", "30",
-             "--default-root-dir", str(work / "digits")],
-            env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--max-steps", "30"],
+            env={**env, "PL_TRAINER_DEFAULT_ROOT_DIR": str(work / "digits")},
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         profile = work / "digits" / "srifty" / "profile.json"
         plan = [str(SRIFTY), "plan", "--profile", str(profile), "--target-steps", "20000",

@@ -1,17 +1,23 @@
 """Train an MLP on scikit-learn's digits with lightning-srifty's profiler attached.
 
     python examples/train_digits.py --max-steps 60
-    torchrun --nproc-per-node 2 examples/train_digits.py
-    srifty-launch --backend local --yes --target-steps 300 examples/train_digits.py
+    srifty-launch examples/train_digits.py --target-steps 300 --backend local --yes
 
-The only srifty line is ``callbacks=[SriftyCallback(...)]``; the profile lands in
-``<default-root-dir>/srifty/profile.json`` (or ``$SRIFTY_PROFILE_PATH``).
+The only srifty line is ``callbacks=[SriftyCallback(...)]``. Nothing else in the script
+knows about srifty: under ``srifty-launch`` the same ``Trainer`` becomes a DDP job of
+the plan's world size, because Lightning reads ``PL_TRAINER_DEVICES``,
+``PL_TRAINER_NUM_NODES`` and ``PL_TRAINER_STRATEGY`` as the defaults of the arguments
+a script leaves out. By hand that is::
+
+    PL_TRAINER_DEVICES=2 PL_TRAINER_STRATEGY=ddp torchrun --nproc-per-node 2 \
+        examples/train_digits.py --max-steps 60
+
+The profile lands in ``<default_root_dir>/srifty/profile.json`` (or ``$SRIFTY_PROFILE_PATH``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -26,38 +32,23 @@ from lightning_srifty import SriftyCallback  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--max-steps", type=int, default=60)
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--max-epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--accelerator", default="cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--default-root-dir", default="runs/digits")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--profile-steps", type=int, default=20)
     return p.parse_args(argv)
 
 
-def topology(args: argparse.Namespace) -> tuple[int, int]:
-    """(devices per node, nodes): from torchrun's environment when it started us."""
-    if "LOCAL_WORLD_SIZE" in os.environ and "WORLD_SIZE" in os.environ:
-        local = int(os.environ["LOCAL_WORLD_SIZE"])
-        return local, max(1, int(os.environ["WORLD_SIZE"]) // local)
-    return args.devices, 1
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pl.seed_everything(args.seed, workers=True)
-    devices, num_nodes = topology(args)
     trainer = pl.Trainer(
         max_steps=args.max_steps,
-        accelerator=args.accelerator,
-        devices=devices,
-        num_nodes=num_nodes,
-        strategy="ddp" if devices * num_nodes > 1 else "auto",
+        max_epochs=args.max_epochs,
         deterministic=True,
-        default_root_dir=args.default_root_dir,
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,

@@ -6,7 +6,9 @@ Outside the launcher none of this runs. Under it, environment variables (see
 * **resume**: the newest complete checkpoint in ``SRIFTY_CHECKPOINT_URI`` is restored
   automatically (model, optimizer, schedulers, loop progress, RNG states);
 * **profile mode**: after the profiling window, save a checkpoint and stop cleanly;
-* **train mode**: stop at ``SRIFTY_TARGET_STEPS``, checkpoint every
+* **train mode**: stop at ``SRIFTY_TARGET_STEPS`` (or ``SRIFTY_TARGET_EPOCHS``) unless the
+  script's own ``max_steps``/``max_epochs`` stop it first (they are never lifted), check
+  that the Trainer runs the ``SRIFTY_WORLD_SIZE`` processes the launcher started, checkpoint every
   ``SRIFTY_CHECKPOINT_INTERVAL_S`` seconds (or ``SRIFTY_CHECKPOINT_EVERY_STEPS`` steps),
   and on a preemption notice (SIGTERM or the EC2 spot notice) save an emergency
   checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`;
@@ -16,6 +18,7 @@ Outside the launcher none of this runs. Under it, environment variables (see
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -45,6 +48,8 @@ class LaunchSettings:
     keep_checkpoints: int = 3
     checkpoint_every_steps: int | None = None
     progress_stdout: bool = False
+    target_epochs: float | None = None
+    world_size: int | None = None
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> LaunchSettings | None:
@@ -68,6 +73,8 @@ class LaunchSettings:
             keep_checkpoints=max(_int(env, proto.ENV_KEEP_CHECKPOINTS) or 3, 1),
             checkpoint_every_steps=_int(env, proto.ENV_CHECKPOINT_EVERY_STEPS) or None,
             progress_stdout=env.get(proto.ENV_PROGRESS_STDOUT, "") == "1",
+            target_epochs=_float(env, proto.ENV_TARGET_EPOCHS),
+            world_size=_int(env, proto.ENV_WORLD_SIZE) or None,
         )
 
 
@@ -99,12 +106,44 @@ class LaunchSession:
             path, checkpoint_id = restored
             install_auto_resume(trainer, path)
             self.resumed_from = checkpoint_id
+        if self.settings.mode != proto.MODE_TRAIN:
+            return
+        self._check_world_size(trainer)
+        # The launcher's target may only shorten the run: the script's own max_steps and
+        # max_epochs (parsed into the fit loop, which reads them from here on) still hold.
         target = self.settings.target_steps
-        if target is not None and self.settings.mode == proto.MODE_TRAIN:
-            # The launcher's target replaces the script's own limits; Lightning has
-            # already parsed them into the fit loop, which reads them from here on.
-            trainer.fit_loop.epoch_loop.max_steps = target
-            trainer.fit_loop.max_epochs = -1
+        loop = trainer.fit_loop
+        if target is not None and (
+            loop.epoch_loop.max_steps < 0 or target < loop.epoch_loop.max_steps
+        ):
+            loop.epoch_loop.max_steps = target
+        epochs = self.settings.target_epochs
+        if epochs is not None:
+            whole = math.ceil(epochs)
+            if loop.max_epochs is None or loop.max_epochs < 0 or whole < loop.max_epochs:
+                loop.max_epochs = whole
+
+    def _check_world_size(self, trainer: pl.Trainer) -> None:
+        """Stops a job whose Trainer does not run the processes the launcher started.
+
+        The launcher sets ``devices``/``num_nodes``/``strategy`` through ``PL_TRAINER_*``;
+        a script that passes them itself overrides that, and each torchrun process would
+        otherwise train alone as world size 1, racing the others to the checkpoints.
+        """
+        expected = self.settings.world_size
+        seen = int(trainer.world_size)
+        if expected is None or seen == expected:
+            return
+        message = (
+            f"SriftyCallback: srifty-launch started {expected} processes for this plan but the "
+            f"Trainer runs world size {seen}; remove devices=, num_nodes= and strategy= from "
+            "Trainer(...) so the launcher can set them (PL_TRAINER_DEVICES, "
+            "PL_TRAINER_NUM_NODES, PL_TRAINER_STRATEGY)"
+        )
+        if self.settings.state_dir is not None:
+            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            (self.settings.state_dir / proto.FAILURE_MARKER).write_text(message + "\n")
+        raise ConfigError(message)
 
     def on_train_start(self, trainer: pl.Trainer) -> None:
         if self.watcher is not None:
@@ -134,7 +173,7 @@ class LaunchSession:
         if self.watcher is not None and self._preempted(trainer):
             self._emergency_exit(trainer)
         target = self.settings.target_steps
-        if target is not None and step >= target:
+        if (target is not None and step >= target) or self._epochs_reached(trainer):
             trainer.should_stop = True
             return
         interval = self.settings.checkpoint_interval_s
@@ -143,6 +182,19 @@ class LaunchSession:
             every and step - self._last_ckpt_step >= every
         ):
             self.save(trainer, "periodic")
+
+    def _epochs_reached(self, trainer: pl.Trainer) -> bool:
+        """A fractional ``--epochs`` target reached at this optimizer step (whole epochs
+        end through ``max_epochs``)."""
+        epochs = self.settings.target_epochs
+        batches = trainer.num_training_batches
+        if epochs is None or epochs == int(epochs) or not isinstance(batches, int) or batches < 1:
+            return False
+        # Batches of this epoch done by the time the batch-end hooks run.
+        done = int(getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0))
+        if done % max(int(trainer.accumulate_grad_batches), 1) and done < batches:
+            return False  # inside an accumulation cycle: stop at the optimizer step
+        return trainer.current_epoch + done / batches >= epochs
 
     def on_profile_done(self, trainer: pl.Trainer) -> None:
         """Profile mode: checkpoint where the window ended, then end training cleanly."""

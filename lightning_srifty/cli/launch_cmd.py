@@ -13,27 +13,35 @@ of the same name as one of ours, such as ``--epochs``). No shell is involved.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from lightning_srifty.cli.main import _Parser, run_guarded
 from lightning_srifty.cli.plan_cmd import add_planning_arguments, print_table, request_from_args
 from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import ConfigError
-from lightning_srifty.core.monitor import Expectation, Snapshot, measured_step_time
-from lightning_srifty.core.planner import PlanRequest, PlanResult
+from lightning_srifty.core.monitor import (
+    Expectation,
+    Snapshot,
+    mean_step_time,
+    measured_step_time,
+)
+from lightning_srifty.core.planner import PlanRequest, PlanResult, parse_pinned
 from lightning_srifty.core.spot import POLICY_NAMES
 from lightning_srifty.core.units import format_hours, format_money, parse_duration
 from lightning_srifty.launch.controller import Migration
 from lightning_srifty.launch.launcher import BACKENDS, LaunchOptions, LaunchOutcome, run_launch
 from lightning_srifty.launch.profiling import ProfileRun
+from lightning_srifty.launch.runs import read_run_record
 
 USAGE = (
     "srifty-launch SCRIPT.py (--target-steps N | --epochs E) [options] "
@@ -53,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="local", help=f"one of {', '.join(BACKENDS)}")
     p.add_argument("--checkpoint-uri", help="s3://bucket/prefix or a directory")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints to retain")
-    p.add_argument("--run-dir", default="srifty_runs/latest", help="logs, profile, progress")
+    p.add_argument(
+        "--run-dir", help="new folder for this run (default: srifty_runs/<script>-<time>)"
+    )
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR's run from its newest checkpoint")  # fmt: skip
+    p.add_argument("--profile", metavar="P.json", help="reuse this profile instead of profiling")
     p.add_argument("--policy", default="srifty",
                    help=f"after a preemption: one of {', '.join(POLICY_NAMES)}")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="plan and write tasks; launch nothing")
@@ -90,20 +103,77 @@ def split_argv(
     known = parser._option_string_actions  # noqa: SLF001 - argparse has no public lookup
     unknown_before = [a for a in before if a.startswith("-") and a.split("=")[0] not in known]
     if unknown_before:
+        name = unknown_before[0].split("=")[0]
+        near = closest_option(name, known)
+        hint = f"; did you mean {near}?" if near else ""
         raise ConfigError(
-            f"unknown srifty-launch option {unknown_before[0]!r} before the script; "
-            "script arguments go after the script"
+            f"unknown srifty-launch option {name!r} before the script{hint} "
+            "(script arguments go after the script)"
         )
+    ours = [a.split("=")[0] for a in before + after if a.startswith("--")]
+    if "--epochs" in ours and "--target-steps" in ours:
+        raise ConfigError(
+            "--epochs and --target-steps exclude each other; if --epochs is your script's own "
+            "flag, pass it after `--`: srifty-launch SCRIPT.py --target-steps N -- --epochs E"
+        )
+    for token in after:
+        name = token.split("=")[0]
+        if name.startswith("--") and name not in known:
+            near = closest_option(name, known)
+            if near is not None:
+                raise ConfigError(
+                    f"unknown option {name!r}: did you mean {near}, or is it your script's? "
+                    f"Pass script options after `--` (srifty-launch SCRIPT.py ... -- {name} ...)"
+                )
     namespace, passthrough = parser.parse_known_args(before + after)
     return namespace, script, (*passthrough, *verbatim)
 
 
+def closest_option(name: str, known: Iterable[str]) -> str | None:
+    """The launcher option ``name`` is a slip of (one or two edits away), if any.
+
+    Close enough to be a typo of ours but far from the flags scripts usually have:
+    ``--deadlin`` and ``--target-step`` match, ``--max-steps`` and ``--max-epochs`` do not.
+    """
+    bare = name.lstrip("-")
+    allowed = 1 if len(bare) <= 5 else 2
+    best: tuple[int, str] | None = None
+    for option in known:
+        if not option.startswith("--") or option in ("--help",):
+            continue
+        distance = _edits(bare, option[2:], allowed)
+        if distance <= allowed and (best is None or distance < best[0]):
+            best = (distance, option)
+    return best[1] if best else None
+
+
+def _edits(a: str, b: str, limit: int) -> int:
+    """Levenshtein distance, stopping early once it exceeds ``limit``."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+        if min(row) > limit:
+            return limit + 1
+    return row[-1]
+
+
 def options_from_args(
-    args: argparse.Namespace, script: str, script_args: Sequence[str]
+    args: argparse.Namespace,
+    script: str,
+    script_args: Sequence[str],
+    argv: Sequence[str] = (),
 ) -> LaunchOptions:
-    """Validates flags into :class:`LaunchOptions`; bad values raise ConfigError."""
+    """Validates flags into :class:`LaunchOptions`; bad values raise ConfigError.
+
+    ``argv`` is the command line; ``run.json`` keeps it for ``--resume``.
+    """
     args.top = 5
     request = request_from_args(args)
+    pinned = parse_pinned(args.cluster) if args.cluster else ()
     if args.preempt_every and args.preempt_trace:
         raise ConfigError("give at most one of --preempt-every and --preempt-trace")
     for flag, value in (
@@ -132,7 +202,10 @@ def options_from_args(
         backend=args.backend,
         checkpoint_uri=args.checkpoint_uri,
         keep_checkpoints=args.keep_checkpoints,
-        run_dir=Path(args.run_dir),
+        run_dir=Path(args.run_dir) if args.run_dir else None,
+        profile_path=Path(args.profile) if args.profile else None,
+        pinned=pinned,
+        argv=record_argv(argv, script) if argv else (),
         dry_run=args.dry_run,
         assume_yes=args.yes,
         catalog=args.catalog,
@@ -145,6 +218,61 @@ def options_from_args(
     )
 
 
+def record_argv(argv: Sequence[str], script: str) -> tuple[str, ...]:
+    """The command line as ``run.json`` keeps it: the script's path made absolute (a
+    resume may start elsewhere), and the options that name this launch only dropped."""
+    out: list[str] = []
+    skip = False
+    cut = argv.index("--") if "--" in argv else len(argv)
+    for i, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if i < cut and word in ("--run-dir", "--resume", "--profile"):
+            skip = True
+            continue
+        if i < cut and word.split("=")[0] in ("--run-dir", "--resume", "--profile"):
+            continue
+        out.append(str(Path(word).resolve()) if word == script else word)
+    return tuple(out)
+
+
+def resume_argv(raw: Sequence[str]) -> tuple[Path, list[str]] | None:
+    """``(run folder, command line to continue it)`` for ``--resume DIR [options]``.
+
+    The stored command comes first and the options given now after it (before its
+    ``--``), so ``--resume DIR --yes --deadline 5h`` changes just those.
+    """
+    cut = list(raw).index("--") if "--" in raw else len(raw)
+    words = list(raw[:cut])
+    folder: str | None = None
+    for i, word in enumerate(words):
+        if word == "--resume" and i + 1 < len(words):
+            folder = words[i + 1]
+            del words[i : i + 2]
+            break
+        if word.startswith("--resume="):
+            folder = word.split("=", 1)[1]
+            del words[i]
+            break
+    if folder is None:
+        if "--resume" in words:
+            raise ConfigError("--resume needs the run folder: --resume srifty_runs/<run>")
+        return None
+    if raw[cut:]:
+        raise ConfigError("--resume continues the run with its own script arguments; drop `--`")
+    if any(w.endswith(".py") and not w.startswith("-") for w in words):
+        raise ConfigError(
+            "--resume takes the script and its arguments from the run; give only launcher "
+            "options beside it"
+        )
+    if any(w.split("=")[0] == "--run-dir" for w in words):
+        raise ConfigError("--resume names the run folder; leave out --run-dir")
+    stored = list(read_run_record(Path(folder)).argv)
+    at = stored.index("--") if "--" in stored else len(stored)
+    return Path(folder), stored[:at] + words + stored[at:]
+
+
 class RichUI:
     """Prints the journey with rich; a live table while training runs."""
 
@@ -155,7 +283,7 @@ class RichUI:
 
     def info(self, message: str) -> None:
         self._stop_live()
-        self.console.print(f"[bold cyan]srifty[/] {message}")
+        self.console.print(f"[bold cyan]srifty[/] {escape(message)}")
 
     def show_profile(self, run: ProfileRun) -> None:
         prof = run.profile
@@ -169,7 +297,7 @@ class RichUI:
 
     def show_plan(self, result: PlanResult, request: PlanRequest) -> None:
         self._stop_live()
-        print_table(result, request)
+        print_table(result, request, self.console)
 
     def confirm(self, plan: Plan) -> bool:
         if not sys.stdin.isatty():
@@ -183,21 +311,31 @@ class RichUI:
             return
         folder = Path(report.report_path).parent
         self.info(f"dry run: task YAML and SkyPilot's verdict in {folder}; nothing launched")
-        table = Table(title="SkyPilot's optimizer (offline) on our task YAML")
-        for col in ("task YAML", "SkyPilot chose", "SkyPilot $/h", "srifty $/h"):
-            table.add_column(col)
+        rows = []
         for entry in report.entries:
             choice = entry.sky_choice
             market = "spot" if choice.use_spot else "on-demand"
             ours = entry.our_hourly_usd
-            table.add_row(
-                Path(entry.yaml_path).name,
-                f"{choice.num_nodes}x {choice.instance_type} {market} "
-                f"{choice.zone or choice.region}",
-                f"${entry.sky_hourly_usd:,.4f}",
-                f"${ours:,.4f}" if ours is not None else "-",
+            rows.append(
+                (
+                    Path(entry.yaml_path).name,
+                    f"{choice.num_nodes}x {choice.instance_type} {market} "
+                    f"{choice.zone or choice.region}",
+                    f"${entry.sky_hourly_usd:,.4f}",
+                    f"${ours:,.4f}" if ours is not None else "-",
+                )
             )
-        self.console.print(table)
+        if not self.console.is_terminal:
+            self._plain("SkyPilot's optimizer (offline) on our task YAML:")
+            for name, chose, theirs, ours_usd in rows:
+                self._plain(f"  {name}: SkyPilot chose {chose} at {theirs}/h; srifty {ours_usd}/h")
+        else:
+            table = Table(title="SkyPilot's optimizer (offline) on our task YAML")
+            for col in ("task YAML", "SkyPilot chose", "SkyPilot $/h", "srifty $/h"):
+                table.add_column(col)
+            for row in rows:
+                table.add_row(*row)
+            self.console.print(table)
         for warning in report.warnings:
             self.console.print(f"[yellow]warning:[/] {warning}")
 
@@ -233,45 +371,70 @@ class RichUI:
         run = outcome.run
         if run is None:
             return
-        final = run.final
+        rows = summary_rows(outcome)
+        if not self.console.is_terminal:
+            self._plain("srifty-launch summary")
+            for what, value in rows:
+                self._plain(f"  {what.strip()}: {value}")
+            return
         table = Table(title="srifty-launch summary")
         table.add_column("what")
         table.add_column("value")
-        table.add_row("plan chosen", outcome.plan_result.best.cluster.describe())
-        if outcome.local_topology is not None:
-            topo = outcome.local_topology
-            table.add_row(
-                "ran locally as", f"{topo.nodes} node(s) x {topo.procs_per_node} process(es)"
-            )
-        timed = [a for a in run.attempts if measured_step_time(a.events) is not None]
-        expected = (timed[-1] if timed else final).expectation
-        measured = measured_step_time(timed[-1].events) if timed else None
-        table.add_row(
-            "step time (predicted)",
-            f"{expected.step_s * 1e3:.1f} ms [{expected.low_s * 1e3:.1f}, "
-            f"{expected.high_s * 1e3:.1f}]",
-        )
-        table.add_row(
-            "step time (measured)", f"{measured * 1e3:.1f} ms" if measured is not None else "-"
-        )
-        table.add_row("steps done", f"{run.steps_done} / {run.target_steps}")
-        resumed = [a.resumed_from for a in run.attempts if a.resumed_from]
-        table.add_row("resumed from", ", ".join(resumed) or "-")
-        table.add_row("preemptions survived", str(len(run.migrations)))
-        for move in run.migrations:
-            table.add_row(
-                "  migration",
-                f"{move.from_plan} -> {move.to_plan}; resumed at step {move.resumed_step} "
-                f"(preempted at {move.step_at_preemption}), {move.lost_s:.1f} s lost",
-            )
-        table.add_row("wall time", format_hours(run.elapsed_s / 3600.0))
-        table.add_row("cost at plan prices", format_money(run.cost_usd))
+        for row in rows:
+            table.add_row(*row)
         self.console.print(table)
+
+    def _plain(self, line: str) -> None:
+        """One line as is: no markup, no wrapping, no cut cells (logs, CI, pipes)."""
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _stop_live(self) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+
+def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
+    """What the run did, as (what, value) rows: a table on a terminal, lines elsewhere."""
+    run = outcome.run
+    assert run is not None
+    final = run.final
+    rows = [("plan chosen", outcome.plan_result.best.cluster.describe())]
+    if outcome.local_topology is not None:
+        topo = outcome.local_topology
+        rows.append(("ran locally as", f"{topo.nodes} node(s) x {topo.procs_per_node} process(es)"))
+    timed = [a for a in run.attempts if measured_step_time(a.events) is not None]
+    expected = (timed[-1] if timed else final).expectation
+    last = measured_step_time(timed[-1].events) if timed else None
+    mean = mean_step_time([e for a in run.attempts for e in a.events])
+    rows.append(
+        (
+            "step time (predicted)",
+            f"{expected.step_s * 1e3:.1f} ms [{expected.low_s * 1e3:.1f}, "
+            f"{expected.high_s * 1e3:.1f}]",
+        )
+    )
+    measured = "-"
+    if mean is not None and last is not None:
+        measured = f"{mean * 1e3:.1f} ms mean over the run; {last * 1e3:.1f} ms last window"
+    elif last is not None:
+        measured = f"{last * 1e3:.1f} ms last window"
+    rows.append(("step time (measured)", measured))
+    rows.append(("steps done", f"{run.steps_done} / {run.target_steps}"))
+    resumed = [a.resumed_from for a in run.attempts if a.resumed_from]
+    rows.append(("resumed from", ", ".join(resumed) or "-"))
+    rows.append(("preemptions survived", str(len(run.migrations))))
+    for move in run.migrations:
+        rows.append(
+            (
+                "  migration",
+                f"{move.from_plan} -> {move.to_plan}; resumed at step {move.resumed_step} "
+                f"(preempted at {move.step_at_preemption}), {move.lost_s:.1f} s lost",
+            )
+        )
+    rows.append(("wall time", format_hours(run.elapsed_s / 3600.0)))
+    rows.append(("cost at plan prices", format_money(run.cost_usd)))
+    return rows
 
 
 def _progress_table(plan: Plan, snap: Snapshot, expect: Expectation) -> Table:
@@ -299,8 +462,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ui = RichUI()
 
     def run() -> int:
+        resumed = resume_argv(raw)
+        if resumed is not None:
+            folder, line = resumed
+            args, script, script_args = split_argv(line, parser)
+            options = options_from_args(args, script, script_args)
+            run_launch(dataclasses.replace(options, run_dir=folder, resume=True), ui)
+            return 0
         args, script, script_args = split_argv(raw, parser)
-        run_launch(options_from_args(args, script, script_args), ui)
+        run_launch(options_from_args(args, script, script_args, raw), ui)
         return 0
 
     return run_guarded(run)

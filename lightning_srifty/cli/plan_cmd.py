@@ -16,7 +16,9 @@ from lightning_srifty.core.planner import (
     OBJECTIVES,
     PlanRequest,
     PlanResult,
+    parse_pinned,
     plan,
+    plan_pinned,
     result_to_dict,
 )
 from lightning_srifty.core.units import (
@@ -73,6 +75,8 @@ def add_planning_arguments(p: argparse.ArgumentParser) -> None:
                    help="least probability a spot plan meets the deadline (0.9)")  # fmt: skip
     p.add_argument("--catalog", default="auto", help=f"one of {', '.join(CATALOG_SOURCES)}")
     p.add_argument("--calibration", help="calibration JSON from `srifty calibrate`")
+    p.add_argument("--cluster", metavar="TYPE:N[,TYPE:N]",
+                   help="pin the cluster shape: no search, priced per zone")  # fmt: skip
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
@@ -142,6 +146,9 @@ def plan_from_args(
     else:
         specs = dict(gpu_specs or {})
     model = PerformanceModel(specs, calibration)
+    if getattr(args, "cluster", None):
+        pinned = parse_pinned(args.cluster)
+        return plan_pinned(profile, offers, model, request, pinned), request
     return plan(profile, offers, model, request), request
 
 

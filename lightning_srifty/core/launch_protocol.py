@@ -23,6 +23,10 @@ MODES = (MODE_PROFILE, MODE_TRAIN)
 ENV_PROFILE_PATH = "SRIFTY_PROFILE_PATH"
 ENV_CHECKPOINT_URI = "SRIFTY_CHECKPOINT_URI"
 ENV_TARGET_STEPS = "SRIFTY_TARGET_STEPS"
+ENV_TARGET_EPOCHS = "SRIFTY_TARGET_EPOCHS"
+"""Train this many epochs (``--epochs``): counted by the job, right on any world size."""
+ENV_WORLD_SIZE = "SRIFTY_WORLD_SIZE"
+"""Processes the launcher started; the callback stops when the Trainer sees another number."""
 ENV_PROGRESS_PATH = "SRIFTY_PROGRESS_PATH"
 ENV_PROGRESS_STDOUT = "SRIFTY_PROGRESS_STDOUT"
 """``1``: rank zero also prints progress lines to stdout (cloud runs: read from the log)."""
@@ -43,8 +47,37 @@ ATTACHED_MARKER = "callback-attached"
 """Written at setup, so the launcher can tell "no callback" from "crashed early"."""
 PREEMPTED_MARKER = "preempted"
 """Written after an emergency checkpoint on a preemption notice."""
+FAILURE_MARKER = "failure"
+"""Written by the callback with a one-line reason before it stops a misconfigured run."""
 PREEMPTED_EXIT_CODE = 75
 """The job's exit status after an emergency checkpoint (``EX_TEMPFAIL``: try again)."""
+
+TRAINER_ENV_PREFIX = "PL_TRAINER_"
+"""Lightning reads ``PL_TRAINER_<ARG>`` as the default of each ``Trainer`` argument
+(``lightning/pytorch/utilities/argparse.py``: ``_defaults_from_env_vars``), so the
+launcher can shape an unchanged ``Trainer(...)``; arguments the script passes win."""
+
+
+def trainer_env(*, nodes: int, devices_per_node: int, root_dir: str | None) -> dict[str, str]:
+    """``PL_TRAINER_*`` defaults that make a plain ``Trainer`` run the planned job.
+
+    ``devices``, ``num_nodes`` and (for more than one process) ``strategy="ddp"`` give a
+    DDP job of ``nodes * devices_per_node`` processes under torchrun; ``default_root_dir``
+    keeps Lightning's logs and checkpoints in the run folder, not the working directory.
+    """
+    if nodes < 1 or devices_per_node < 1:
+        raise ValueError(f"nodes and devices must be >= 1, got {nodes} x {devices_per_node}")
+    env = {
+        f"{TRAINER_ENV_PREFIX}DEVICES": str(devices_per_node),
+        f"{TRAINER_ENV_PREFIX}NUM_NODES": str(nodes),
+        ENV_WORLD_SIZE: str(nodes * devices_per_node),
+    }
+    if root_dir is not None:
+        env[f"{TRAINER_ENV_PREFIX}DEFAULT_ROOT_DIR"] = root_dir
+    if nodes * devices_per_node > 1:
+        env[f"{TRAINER_ENV_PREFIX}STRATEGY"] = "ddp"
+    return env
+
 
 PROGRESS_EVENTS = ("start", "resumed", "step", "checkpoint", "profile-done", "done", "preempted")
 

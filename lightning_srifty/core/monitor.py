@@ -53,6 +53,26 @@ def measured_step_time(events: Sequence[ProgressEvent], window: int = 5) -> floa
     return float(statistics.median(samples[-window:]))
 
 
+def mean_step_time(events: Sequence[ProgressEvent]) -> float | None:
+    """Mean seconds per step over every step the events report (None before any).
+
+    Each ``step`` report carries the mean since the previous report of its attempt; an
+    attempt's ``start``/``resumed`` event sets where its count begins, so events of
+    several attempts can be passed together.
+    """
+    total_s, steps = 0.0, 0
+    last: int | None = None
+    for event in events:
+        if event.event in ("start", "resumed"):
+            last = event.step
+        elif event.event == "step":
+            if last is not None and event.step > last and event.step_s > 0:
+                total_s += event.step_s * (event.step - last)
+                steps += event.step - last
+            last = event.step
+    return total_s / steps if steps else None
+
+
 def drift_of(events: Sequence[ProgressEvent], expect: Expectation) -> str:
     """``"slower"``/``"faster"`` when the measured time leaves the prediction interval."""
     reports = [e for e in events if e.event == "step" and e.step_s > 0]

@@ -24,7 +24,7 @@ from lightning_srifty.core.errors import LaunchError, SchemaError
 from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot
 from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
-from lightning_srifty.launch.migration import Decision, plan_key
+from lightning_srifty.launch.migration import Decision, plan_key, true_move
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class AttemptReport:
     events: tuple[ProgressEvent, ...]
     elapsed_s: float
     expectation: Expectation
+    handle: object = field(default=None, compare=False, repr=False)
+    """The backend's handle of the attempt (to ask it why a failed job failed)."""
 
     @property
     def resumed_from(self) -> str:
@@ -246,12 +248,23 @@ class Controller:
     """Overrides the plan's Young/Daly interval (local runs with injected preemptions)."""
     progress_is_local: bool = True
     """The job's progress file is readable here (local backend); on cloud VMs it is not."""
+    first_attempt: int = 1
+    """Number of the first attempt (a resumed run continues after the earlier ones)."""
+    trainer_env_for: Callable[[Plan], Mapping[str, str]] | None = None
+    """``PL_TRAINER_*`` defaults that shape the script's Trainer for a plan."""
+    target_epochs: float | None = None
+    """``--epochs``: the job counts epochs itself (``target_steps`` is then an estimate)."""
 
     def env_for(self, attempt: int, plan: Plan) -> dict[str, str]:
         env = dict(self.extra_env)
         env[proto.ENV_MODE] = proto.MODE_TRAIN
         env[proto.ENV_CHECKPOINT_URI] = self.checkpoint_uri
-        env[proto.ENV_TARGET_STEPS] = str(self.target_steps)
+        if self.target_epochs is not None:
+            env[proto.ENV_TARGET_EPOCHS] = f"{self.target_epochs:g}"
+        else:
+            env[proto.ENV_TARGET_STEPS] = str(self.target_steps)
+        if self.trainer_env_for is not None:
+            env.update(self.trainer_env_for(plan))
         if self.progress_is_local:
             env[proto.ENV_PROGRESS_PATH] = str(self.progress_path(attempt))
         else:
@@ -284,7 +297,7 @@ class Controller:
         cost = 0.0
         preempted_at: float | None = None
         reached = 0
-        for attempt in range(1, self.max_attempts + 1):
+        for attempt in range(self.first_attempt, self.first_attempt + self.max_attempts):
             report = self._attempt(attempt, plan, started, reached)
             reached = max(reached, report.last_step)
             self.next_planner.record(
@@ -304,9 +317,10 @@ class Controller:
                     time.monotonic() - started,
                 )
             if report.state is not JobState.PREEMPTED:
+                why = _failure_reason(self.backend, report)
                 raise LaunchError(
-                    f"training failed on {plan.cluster.describe()} (state {report.state.value}); "
-                    f"logs are in {self.run_dir}"
+                    f"training failed on {plan.cluster.describe()} (state {report.state.value})"
+                    f"{': ' + why if why else ''}; logs are in {self.run_dir}"
                 )
             preempted_at = time.monotonic()
             cooling = _cool_down(cooling)
@@ -339,7 +353,7 @@ class Controller:
             new_plan = decision.plan
             migration = Migration(
                 at_s=preempted_at - started,
-                reason=f"spot preemption; {decision.reason}",
+                reason=f"spot preemption; {true_move(decision.reason, plan, new_plan)}",
                 from_plan=_describe(plan),
                 to_plan=_describe(new_plan),
                 step_at_preemption=report.last_step,
@@ -355,7 +369,6 @@ class Controller:
     def _attempt(self, attempt: int, plan: Plan, started: float, start_step: int) -> AttemptReport:
         expect = self.expectation_for(plan)
         local_file = ProgressFile(self.progress_path(attempt))
-        local_file.path.unlink(missing_ok=True)
         spec = LaunchSpec(
             script=self.script,
             script_args=tuple(self.script_args),
@@ -410,7 +423,18 @@ class Controller:
         if isinstance(progress, LogProgress):
             progress.wait(LOG_CATCH_UP_S)
         progress.poll()
-        return AttemptReport(plan, state, tuple(progress.events), time.monotonic() - t0, expect)
+        return AttemptReport(
+            plan, state, tuple(progress.events), time.monotonic() - t0, expect, handle
+        )
+
+
+def _failure_reason(backend: Backend, report: AttemptReport) -> str:
+    """The one-line reason the job left before failing, where the backend can read it."""
+    reason = getattr(backend, "failure_reason", None)
+    handle = getattr(report, "handle", None)
+    if reason is None or handle is None:
+        return ""
+    return str(reason(handle) or "")
 
 
 def _cool_down(cooling: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:

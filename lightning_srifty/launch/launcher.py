@@ -21,7 +21,7 @@ from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.errors import ConfigError, InfeasibleError, LaunchError
 from lightning_srifty.core.monitor import Expectation, Snapshot
 from lightning_srifty.core.perfmodel import PerformanceModel
-from lightning_srifty.core.planner import PlanRequest, PlanResult, plan
+from lightning_srifty.core.planner import PlanRequest, PlanResult, plan, plan_pinned
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.spot import POLICY_NAMES, make_policy, young_daly_interval
 from lightning_srifty.launch.backend import Backend
@@ -35,6 +35,7 @@ from lightning_srifty.launch.migration import (
     plan_key,
 )
 from lightning_srifty.launch.profiling import ProfileRun, run_profile
+from lightning_srifty.launch.runs import claim_run_dir, next_attempt, write_run_record
 
 if TYPE_CHECKING:
     from lightning_srifty.io.checkpoint_store import CheckpointStore
@@ -60,7 +61,16 @@ class LaunchOptions:
     backend: str = "local"
     checkpoint_uri: str | None = None
     keep_checkpoints: int = 3
-    run_dir: Path = Path("srifty_runs/latest")
+    run_dir: Path | None = None
+    """``None``: a fresh ``srifty_runs/<script>-<time>``; an existing run is refused."""
+    resume: bool = False
+    """Continue the run in ``run_dir`` from its newest checkpoint, without profiling."""
+    profile_path: Path | None = None
+    """Reuse this profile instead of profiling the script again."""
+    pinned: tuple[tuple[str, int], ...] = ()
+    """``--cluster``: price and run this shape; no search over shapes."""
+    argv: tuple[str, ...] = ()
+    """The command line, kept in ``run.json`` for ``--resume``."""
     dry_run: bool = False
     assume_yes: bool = False
     catalog: str = "auto"
@@ -83,6 +93,10 @@ class LaunchOptions:
             raise ConfigError(
                 f"--policy {self.policy!r} is not valid: use one of {', '.join(POLICY_NAMES)}"
             )
+        if self.resume and self.run_dir is None:
+            raise ConfigError("--resume needs the run folder to continue")
+        if self.resume and self.profile_path is not None:
+            raise ConfigError("--resume reuses the run's own profile; leave out --profile")
 
 
 class LauncherUI(Protocol):
@@ -163,8 +177,17 @@ def run_launch(
         backend: Replaces the backend ``options.backend`` names (tests pass a SkyPilot
             backend whose SDK cannot provision).
     """
-    run_dir = options.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if not Path(options.script).is_file():
+        # Before anything is created: a typo must not leave an empty run folder behind.
+        raise LaunchError(f"script not found: {options.script}")
+    if options.resume:
+        assert options.run_dir is not None
+        run_dir = options.run_dir
+    else:
+        run_dir = claim_run_dir(options.run_dir, options.script)
+        if options.argv:
+            write_run_record(run_dir, options.argv)
+    options = dataclasses.replace(options, run_dir=run_dir)
     uri = options.checkpoint_uri or default_checkpoint_uri(run_dir)
     remote = options.backend == "sky"
     if remote and not options.dry_run and not uri.startswith("s3://"):
@@ -192,18 +215,7 @@ def run_launch(
     if endpoint:
         job_env[proto.ENV_S3_ENDPOINT_URL] = endpoint  # an address, not a secret
 
-    ui.info(f"profiling {options.script} on this machine (checkpoints: {uri})")
-    profile_env = dict(job_env)
-    if isinstance(backend, LocalBackend):
-        # Profile with the thread count the local workers will train with.
-        profile_env.update(LocalBackend.thread_env())
-    profiled = run_profile(
-        options.script,
-        options.script_args,
-        run_dir=run_dir,
-        checkpoint_uri=uri,
-        extra_env=profile_env,
-    )
+    profiled = _profile_for(options, ui, backend, store, job_env, uri)
     ui.show_profile(profiled)
     profile = profiled.profile
     checkpoint_s = measured_checkpoint_s(store)
@@ -212,15 +224,19 @@ def run_launch(
     request = options.request
     if request.checkpoint_cost_s is None and checkpoint_s is not None:
         request = dataclasses.replace(request, checkpoint_cost_s=checkpoint_s)
-    result = plan(profile, offers, model, request)
+    if options.pinned:
+        result = plan_pinned(profile, offers, model, request, options.pinned)
+    else:
+        result = plan(profile, offers, model, request)
     ui.show_plan(result, request)
     chosen = result.best
     if not options.dry_run and not options.assume_yes and not ui.confirm(chosen):
         raise LaunchError("plan not confirmed; nothing was launched (use --yes to skip asking)")
 
-    target = int(result.target_steps_at_base)
     local = backend if isinstance(backend, LocalBackend) else None
     topology = local.topology_for(chosen.cluster) if local is not None else None
+    world = topology.world_size if topology is not None else chosen.cluster.world_size
+    target = _run_target(result, request, profile, world, ui)
     interval_s = _checkpoint_interval_s(options.preemptions, checkpoint_s)
     wait_s = LOCAL_WAIT_S if local is not None else CLOUD_WAIT_S
     controller = Controller(
@@ -233,7 +249,7 @@ def run_launch(
         target_steps=target,
         next_planner=PolicyDecider(
             policy=make_policy(options.policy),
-            candidates=_candidate_source(profile, offers, model, request),
+            candidates=_candidate_source(profile, offers, model, request, options.pinned),
             home=plan_key(chosen),
             target_steps=target,
             deadline_h=request.deadline_h,
@@ -248,6 +264,9 @@ def run_launch(
         grace_s=options.grace_s,
         checkpoint_interval_s=interval_s,
         progress_is_local=local is not None,
+        first_attempt=next_attempt(run_dir),
+        trainer_env_for=lambda p: _trainer_env(p, local, run_dir),
+        target_epochs=request.epochs,
     )
 
     if options.dry_run:
@@ -290,6 +309,117 @@ def run_launch(
     outcome = LaunchOutcome(profiled, result, summary, topology)
     ui.summary(outcome)
     return outcome
+
+
+def _profile_for(
+    options: LaunchOptions,
+    ui: LauncherUI,
+    backend: Backend,
+    store: CheckpointStore,
+    job_env: dict[str, str],
+    uri: str,
+) -> ProfileRun:
+    """The run's profile: measured now, reused from ``--profile``, or the resumed run's."""
+    from lightning_srifty.io.profile_io import load_profile, save_profile
+
+    run_dir = options.run_dir
+    assert run_dir is not None
+    own = run_dir / "profile.json"
+    if options.resume:
+        if not own.is_file():
+            raise LaunchError(
+                f"--resume {run_dir}: the run has no profile.json (its first launch ended "
+                "before profiling finished); start a new run instead"
+            )
+        newest = store.refs()
+        if newest and newest[0].reason == "final":
+            raise LaunchError(
+                f"--resume {run_dir}: the run already finished (final checkpoint at step "
+                f"{newest[0].step}); start a new run to train again"
+            )
+        at = f"step {newest[0].step}" if newest else "the start (no checkpoint yet)"
+        ui.info(f"resuming {run_dir} from {at}, with the profile of its first launch")
+        return ProfileRun(load_profile(own), own, 0)
+    if options.profile_path is not None:
+        profile = load_profile(options.profile_path)
+        save_profile(profile, own)  # the run folder keeps the profile it planned with
+        ui.info(f"reusing the profile {options.profile_path} (not profiling again)")
+        return ProfileRun(profile, own, 0)
+    ui.info(f"profiling {options.script} on this machine (checkpoints: {uri})")
+    profile_env = dict(job_env)
+    if isinstance(backend, LocalBackend):
+        # Profile with the thread count the local workers will train with.
+        profile_env.update(LocalBackend.thread_env())
+    return run_profile(
+        options.script,
+        options.script_args,
+        run_dir=run_dir,
+        checkpoint_uri=uri,
+        extra_env=profile_env,
+    )
+
+
+def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
+    """Where the script's own ``max_steps``/``max_epochs`` stop training on ``world``
+    processes (``None``: no limit known), and which setting that is.
+
+    Each process keeps the batch it was written with, so an epoch takes fewer steps on
+    more processes: steps per epoch scale by profiled world size over ``world``.
+    """
+    limits = profile.extra.get("trainer")
+    if not isinstance(limits, dict):
+        return None, ""
+    found: list[tuple[int, str]] = []
+    max_steps = limits.get("max_steps")
+    if isinstance(max_steps, int) and max_steps > 0:
+        found.append((max_steps, f"max_steps={max_steps}"))
+    max_epochs, per_epoch = limits.get("max_epochs"), limits.get("steps_per_epoch")
+    profiled_on = limits.get("world_size") or profile.environment.world_size
+    if isinstance(max_epochs, int) and max_epochs > 0 and isinstance(per_epoch, int):
+        steps = max_epochs * math.ceil(per_epoch * int(profiled_on) / max(world, 1))
+        found.append((steps, f"max_epochs={max_epochs}"))
+    if not found:
+        return None, ""
+    return min(found)
+
+
+def _run_target(
+    result: PlanResult, request: PlanRequest, profile: Profile, world: int, ui: LauncherUI
+) -> int:
+    """Optimizer steps this run will train: the target, unless the script stops first.
+
+    ``--epochs`` become steps on the processes that really run (each keeps its batch,
+    so more processes take fewer steps per epoch); the job counts epochs itself.
+    """
+    target = int(result.target_steps_at_base)
+    if request.epochs is not None:
+        target = max(1, math.ceil(target * profile.environment.world_size / max(world, 1)))
+    limit, setting = user_limit_steps(profile, world)
+    if limit is not None and limit < target:
+        ui.info(
+            f"note: the script's own Trainer({setting}) ends training at step {limit:,} on "
+            f"{world} process(es), before the target of {target:,} steps; srifty-launch never "
+            "lifts a script's limits (raise it in the script to train longer)"
+        )
+        return limit
+    return target
+
+
+def _trainer_env(p: Plan, local: LocalBackend | None, run_dir: Path) -> dict[str, str]:
+    """``PL_TRAINER_*`` for the processes that run ``p`` (this machine's, locally)."""
+    if local is not None:
+        topo = local.topology_for(p.cluster)
+        return proto.trainer_env(
+            nodes=topo.nodes,
+            devices_per_node=topo.procs_per_node,
+            root_dir=str((run_dir / "lightning").resolve()),
+        )
+    group = p.cluster.groups[0]
+    env = proto.trainer_env(
+        nodes=p.cluster.nodes, devices_per_node=max(group.gpus_per_node, 1), root_dir=None
+    )
+    env[proto.ENV_WORLD_SIZE] = str(p.cluster.world_size)  # mixes: groups differ per node
+    return env
 
 
 def measured_checkpoint_s(store: CheckpointStore) -> float | None:
@@ -350,7 +480,11 @@ def _ran_on(p: Plan, backend: Backend) -> RanOn:
 
 
 def _candidate_source(
-    profile: Profile, offers: Sequence[Offer], model: PerformanceModel, request: PlanRequest
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+    pinned: Sequence[tuple[str, int]] = (),
 ) -> CandidateSource:
     """Re-plans the remaining work: the best spot plans, and an on-demand fallback.
 
@@ -358,6 +492,14 @@ def _candidate_source(
     deadline); the on-demand plan is the cheapest that still meets what is left of the
     deadline, or the fastest one when none does (finishing late beats not finishing).
     """
+
+    def search(req: PlanRequest) -> PlanResult:
+        # A pinned shape stays pinned after a preemption: only its zone or market moves.
+        return (
+            plan_pinned(profile, offers, model, req, pinned)
+            if pinned
+            else plan(profile, offers, model, req)
+        )
 
     def find(remaining_steps: int, elapsed_h: float) -> Candidates:
         rest = dataclasses.replace(
@@ -371,20 +513,21 @@ def _candidate_source(
         )
         spot: tuple[Plan, ...] = ()
         if request.allow_spot:
-            spot = tuple(p for p in plan(profile, offers, model, rest).plans if p.use_spot)
+            spot = tuple(p for p in search(rest).plans if p.use_spot)
         left = None if request.deadline_h is None else max(request.deadline_h - elapsed_h, 1e-3)
         on_demand = dataclasses.replace(rest, allow_spot=False, deadline_h=left, top_k=1)
         try:
-            fallback = plan(profile, offers, model, on_demand).best
+            fallback = search(on_demand).best
         except InfeasibleError:
             fastest = dataclasses.replace(on_demand, deadline_h=None, objective="time")
-            fallback = plan(profile, offers, model, fastest).best
+            fallback = search(fastest).best
         return Candidates(spot, fallback)
 
     return find
 
 
 def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:
+    assert options.run_dir is not None
     if options.backend == "local":
         return LocalBackend(
             options.run_dir,

@@ -130,6 +130,8 @@ class LocalBackend:
             raise LaunchError(f"script not found: {spec.script}")
         topology = self.topology_for(spec.plan.cluster)
         self._launches += 1
+        while (self.run_dir / f"attempt-{self._launches}").exists():
+            self._launches += 1  # a resumed run: never write into an earlier attempt's folder
         attempt_dir = self.run_dir / f"attempt-{self._launches}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
         state_dir = attempt_dir / "state"
@@ -193,6 +195,15 @@ class LocalBackend:
             except subprocess.TimeoutExpired:
                 break
         return self.status(job)
+
+    @staticmethod
+    def failure_reason(handle: object) -> str:
+        """The one line the callback left before stopping a misconfigured job, if any."""
+        marker = _as_job(handle).state_dir / proto.FAILURE_MARKER
+        try:
+            return marker.read_text(encoding="utf-8").strip().splitlines()[0]
+        except (OSError, IndexError):
+            return ""
 
     @staticmethod
     def log_tail(handle: object, lines: int = 30) -> str:

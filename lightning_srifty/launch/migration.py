@@ -171,6 +171,36 @@ class PolicyDecider:
         return Decision(None, why)
 
 
+POLICY_ZONE_MOVE = "migrating to another zone"
+"""What the policy says when it picks another of its "zones", which live are offers."""
+
+
+def move_kind(src: Plan, dst: Plan) -> str:
+    """What really changes between two plans: zone, instance type, both, or neither."""
+    types = ({g.offer.instance_type for g in p.cluster.groups} for p in (src, dst))
+    zones = ({g.offer.zone for g in p.cluster.groups} for p in (src, dst))
+    same_type = next(types) == next(types)
+    same_zone = next(zones) == next(zones)
+    if same_type and same_zone:
+        return "the same instance type and zone"
+    if same_type:
+        return "another zone"
+    if same_zone:
+        return "another instance type in the same zone"
+    return "another instance type in another zone"
+
+
+def true_move(reason: str, src: Plan, dst: Plan) -> str:
+    """The policy's reason with its generic "another zone" replaced by the real move.
+
+    The policy's zones are offers (instance type and zone), so its "another zone" may
+    be another instance type in the same zone.
+    """
+    if POLICY_ZONE_MOVE not in reason:
+        return reason
+    return reason.replace(POLICY_ZONE_MOVE, f"migrating to {move_kind(src, dst)}")
+
+
 def _one_per_offer(plans: Sequence[Plan]) -> list[Plan]:
     """The first (best-ranked) plan of each offer, in the planner's order."""
     seen: dict[OfferKey, Plan] = {}

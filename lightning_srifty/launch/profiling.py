@@ -41,6 +41,8 @@ def profile_env(
     env[proto.ENV_CHECKPOINT_URI] = checkpoint_uri
     env[proto.ENV_STATE_DIR] = str(run_dir / "profile-state")
     env[proto.ENV_PROGRESS_PATH] = str(run_dir / "profile-progress.jsonl")
+    # One process (the profile is a single device's), Lightning's logs in the run folder.
+    env.update(proto.trainer_env(nodes=1, devices_per_node=1, root_dir=str(run_dir / "lightning")))
     return env
 
 
@@ -67,7 +69,6 @@ def run_profile(
     state_dir = Path(env[proto.ENV_STATE_DIR])
     state_dir.mkdir(parents=True, exist_ok=True)
     profile_path = Path(env[proto.ENV_PROFILE_PATH])
-    profile_path.unlink(missing_ok=True)
     try:
         completed = subprocess.run(  # noqa: S603 - argv list; args reach the script verbatim
             [python, str(path), *script_args],

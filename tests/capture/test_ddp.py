@@ -29,15 +29,18 @@ def _free_port() -> int:
 def ddp_profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
     root = tmp_path_factory.mktemp("ddp")
     port = _free_port()
+    # The example's Trainer names no devices or strategy: Lightning's PL_TRAINER_* defaults
+    # (what srifty-launch sets) make it one DDP job of two processes.
     env = dict(os.environ, SRIFTY_IMDS="off", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               OMP_NUM_THREADS="1")  # fmt: skip
+               OMP_NUM_THREADS="1", PL_TRAINER_DEVICES="2", PL_TRAINER_STRATEGY="ddp",
+               PL_TRAINER_DEFAULT_ROOT_DIR=str(root))  # fmt: skip
     env.pop("SRIFTY_PROFILE_PATH", None)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(port),
-        str(REPO / "examples" / "train_digits.py"), "--devices", "2", "--max-steps", "14",
+        str(REPO / "examples" / "train_digits.py"), "--max-steps", "14",
         "--hidden", str(HIDDEN), "--batch-size", "32", "--warmup-steps", "3",
-        "--profile-steps", "8", "--default-root-dir", str(root),
+        "--profile-steps", "8",
     ]  # fmt: skip
     done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -39,7 +39,7 @@ def argv_recording_script(tmp_path: Path) -> Path:
             mode = os.environ.get("SRIFTY_MODE", "none")
             with open({str(tmp_path / "argv.jsonl")!r}, "a") as fh:
                 fh.write(json.dumps([mode, sys.argv[1:]]) + "\\n")
-            sys.exit(main(["--default-root-dir", {str(tmp_path / "root")!r}, "--hidden", "64"]))
+            sys.exit(main(["--hidden", "64"]))
             """
         )
     )

@@ -283,7 +283,9 @@ class RichUI:
 
     def info(self, message: str) -> None:
         self._stop_live()
-        self.console.print(f"[bold cyan]srifty[/] {escape(message)}")
+        # Off a terminal a message stays one line (rich would break it at 80 columns).
+        wrap = not self.console.is_terminal
+        self.console.print(f"[bold cyan]srifty[/] {escape(message)}", soft_wrap=wrap)
 
     def show_profile(self, run: ProfileRun) -> None:
         prof = run.profile

@@ -195,7 +195,8 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
             f"({format_money(p.hourly_usd)}/h)"
         )
     best = result.best
-    lines.append("baselines (what plan #1 saves against each):")
+    if result.baselines:
+        lines.append("baselines (what plan #1 saves against each):")
     for b in result.baselines:
         lines.append(f"  - {b.label}: {b.cluster.describe()} in {b.cluster.groups[0].offer.region}")
         money = _gain(b.cost_usd, best.cost_usd, "$")

@@ -77,3 +77,74 @@ def test_log_lines_with_prefixes_parse_and_others_do_not() -> None:
     line = f"(head, rank=0, pid=7) {proto.PROGRESS_LINE_PREFIX}{event.to_line()}"
     assert proto.progress_from_log_line(line) == event
     assert proto.progress_from_log_line("Epoch 0: 100%") is None
+
+
+def test_trainer_env_shapes_a_plain_trainer_for_the_plan() -> None:
+    env = proto.trainer_env(nodes=2, devices_per_node=2, root_dir="/runs/x/lightning")
+    assert env == {
+        "PL_TRAINER_DEVICES": "2",
+        "PL_TRAINER_NUM_NODES": "2",
+        "PL_TRAINER_STRATEGY": "ddp",
+        "PL_TRAINER_DEFAULT_ROOT_DIR": "/runs/x/lightning",
+        proto.ENV_WORLD_SIZE: "4",
+    }
+    single = proto.trainer_env(nodes=1, devices_per_node=1, root_dir=None)
+    assert "PL_TRAINER_STRATEGY" not in single and single[proto.ENV_WORLD_SIZE] == "1"
+
+
+def test_lightning_takes_the_env_as_defaults_and_the_script_wins(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for key, value in proto.trainer_env(
+        nodes=1, devices_per_node=3, root_dir=str(tmp_path)
+    ).items():
+        monkeypatch.setenv(key, value)
+    plain = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    assert plain.num_devices == 3 and plain.default_root_dir == str(tmp_path)
+    pinned = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    assert pinned.num_devices == 1  # what SriftyCallback's world-size check then catches
+
+
+def test_the_scripts_own_limits_bound_the_launchers_target(
+    digits: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {
+        proto.ENV_MODE: proto.MODE_TRAIN,
+        proto.ENV_CHECKPOINT_URI: str(tmp_path / "store"),
+        proto.ENV_TARGET_STEPS: "5000",
+        proto.ENV_PROGRESS_PATH: str(tmp_path / "progress.jsonl"),
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
+    )
+    trainer.fit(digits.DigitsModule(hidden=16), datamodule=digits.DigitsDataModule(batch_size=256))
+    assert trainer.current_epoch == 2 and trainer.global_step == 2 * (1797 // 256)
+    assert trainer.max_epochs == 2  # not lifted to the launcher's -1
+
+
+def test_a_fractional_epochs_target_stops_inside_the_epoch(
+    digits: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {
+        proto.ENV_MODE: proto.MODE_TRAIN,
+        proto.ENV_CHECKPOINT_URI: str(tmp_path / "store"),
+        proto.ENV_TARGET_EPOCHS: "1.5",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    trainer = pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        accumulate_grad_batches=2,
+        callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
+    )
+    trainer.fit(digits.DigitsModule(hidden=16), datamodule=digits.DigitsDataModule(batch_size=64))
+    # 1797 // 64 = 28 batches an epoch, 14 optimizer steps: one and a half epochs is 21.
+    assert trainer.global_step == 14 + 7

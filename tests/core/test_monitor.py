@@ -6,7 +6,13 @@ import pytest
 
 from lightning_srifty.core.errors import SchemaError
 from lightning_srifty.core.launch_protocol import ProgressEvent
-from lightning_srifty.core.monitor import Expectation, drift_of, measured_step_time, snapshot
+from lightning_srifty.core.monitor import (
+    Expectation,
+    drift_of,
+    mean_step_time,
+    measured_step_time,
+    snapshot,
+)
 
 EXPECT = Expectation(step_s=0.10, low_s=0.08, high_s=0.12, hourly_usd=3.6, target_steps=1000)
 
@@ -55,3 +61,20 @@ def test_progress_line_round_trip_and_bad_line() -> None:
         ProgressEvent.from_line('{"event": "st', source="progress.jsonl")
     with pytest.raises(SchemaError, match="event"):
         ProgressEvent.from_line('{"event": "nope", "time": 1, "step": 1}', source="p")
+
+
+def test_run_mean_weights_each_report_by_its_steps_across_attempts() -> None:
+    first = [
+        ProgressEvent("start", 0.0, 0),
+        ProgressEvent("step", 1.0, 10, step_s=0.1),  # 10 steps at 0.1 s
+        ProgressEvent("checkpoint", 1.1, 10, checkpoint="c"),
+        ProgressEvent("step", 2.0, 40, step_s=0.2),  # 30 steps at 0.2 s
+    ]
+    second = [
+        ProgressEvent("resumed", 5.0, 35, checkpoint="c"),  # lost 5 steps, counted again
+        ProgressEvent("step", 6.0, 45, step_s=0.4),  # 10 steps at 0.4 s
+    ]
+    expected = (10 * 0.1 + 30 * 0.2 + 10 * 0.4) / 50
+    assert mean_step_time(first + second) == pytest.approx(expected)
+    assert measured_step_time(first + second) == pytest.approx(0.2)  # the last window
+    assert mean_step_time(first[:1]) is None

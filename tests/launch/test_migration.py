@@ -7,7 +7,13 @@ import pytest
 from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.spot import make_policy
-from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
+from lightning_srifty.launch.migration import (
+    Candidates,
+    PolicyDecider,
+    move_kind,
+    plan_key,
+    true_move,
+)
 
 
 def _plan(itype: str, zone: str, *, spot: bool, hourly: float, step_s: float = 1.0) -> Plan:
@@ -111,3 +117,18 @@ def test_history_feeds_the_rate_estimates() -> None:
     assert (seen.up_hours, seen.interruptions) == (3.0, 2)
     with pytest.raises(KeyError):
         _ = decider.history[plan_key(HOME)]
+
+
+def test_a_move_is_labelled_by_what_really_changes() -> None:
+    other_type = _plan("g5.xlarge", "usw2-az1", spot=True, hourly=0.4)
+    both = _plan("g5.xlarge", "usw2-az2", spot=True, hourly=0.4)
+    reason = "srifty: migrating to another zone"
+    assert true_move(reason, HOME, OTHER) == reason
+    assert true_move(reason, HOME, other_type) == (
+        "srifty: migrating to another instance type in the same zone"
+    )
+    assert true_move(reason, HOME, both) == (
+        "srifty: migrating to another instance type in another zone"
+    )
+    assert true_move("srifty: spot up", HOME, other_type) == "srifty: spot up"
+    assert move_kind(HOME, HOME) == "the same instance type and zone"

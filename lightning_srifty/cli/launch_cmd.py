@@ -220,7 +220,8 @@ def options_from_args(
 
 def record_argv(argv: Sequence[str], script: str) -> tuple[str, ...]:
     """The command line as ``run.json`` keeps it: the script's path made absolute (a
-    resume may start elsewhere), and the options that name this launch only dropped."""
+    resume may start elsewhere), and the options that concern this launch only dropped
+    (``--dry-run`` too: resuming a dry run's folder is the real launch)."""
     out: list[str] = []
     skip = False
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -231,7 +232,7 @@ def record_argv(argv: Sequence[str], script: str) -> tuple[str, ...]:
         if i < cut and word in ("--run-dir", "--resume", "--profile"):
             skip = True
             continue
-        if i < cut and word.split("=")[0] in ("--run-dir", "--resume", "--profile"):
+        if i < cut and word.split("=")[0] in ("--run-dir", "--resume", "--profile", "--dry-run"):
             continue
         out.append(str(Path(word).resolve()) if word == script else word)
     return tuple(out)

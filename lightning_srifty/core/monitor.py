@@ -56,21 +56,38 @@ def measured_step_time(events: Sequence[ProgressEvent], window: int = 5) -> floa
 def mean_step_time(events: Sequence[ProgressEvent]) -> float | None:
     """Mean seconds per step over every step the events report (None before any).
 
-    Each ``step`` report carries the mean since the previous report of its attempt; an
-    attempt's ``start``/``resumed`` event sets where its count begins, so events of
-    several attempts can be passed together.
+    Events of several attempts may be passed together: each attempt starts with its
+    ``start``/``resumed`` event. An attempt that ended with ``done`` counts with the
+    mean ``done`` carries (its whole attempt); one that did not (preempted, still
+    running) with its ``step`` reports, each the mean since the report before it.
     """
     total_s, steps = 0.0, 0
-    last: int | None = None
+    for attempt in _attempts(events):
+        begin = attempt[0].step
+        done = next((e for e in attempt if e.event == "done" and e.step_s > 0), None)
+        if done is not None and done.step > begin:
+            total_s += done.step_s * (done.step - begin)
+            steps += done.step - begin
+            continue
+        last = begin
+        for event in attempt:
+            if event.event == "step":
+                if event.step > last and event.step_s > 0:
+                    total_s += event.step_s * (event.step - last)
+                    steps += event.step - last
+                last = event.step
+    return total_s / steps if steps else None
+
+
+def _attempts(events: Sequence[ProgressEvent]) -> list[list[ProgressEvent]]:
+    """Events split where an attempt starts (events before any start are dropped)."""
+    out: list[list[ProgressEvent]] = []
     for event in events:
         if event.event in ("start", "resumed"):
-            last = event.step
-        elif event.event == "step":
-            if last is not None and event.step > last and event.step_s > 0:
-                total_s += event.step_s * (event.step - last)
-                steps += event.step - last
-            last = event.step
-    return total_s / steps if steps else None
+            out.append([event])
+        elif out:
+            out[-1].append(event)
+    return out
 
 
 def drift_of(events: Sequence[ProgressEvent], expect: Expectation) -> str:

@@ -180,6 +180,8 @@ def run_launch(
     if not Path(options.script).is_file():
         # Before anything is created: a typo must not leave an empty run folder behind.
         raise LaunchError(f"script not found: {options.script}")
+    if options.pinned:
+        _check_pinned_types(options)  # before profiling: do not make the user wait to be told
     if options.resume:
         assert options.run_dir is not None
         run_dir = options.run_dir
@@ -357,6 +359,18 @@ def _profile_for(
         checkpoint_uri=uri,
         extra_env=profile_env,
     )
+
+
+def _check_pinned_types(options: LaunchOptions) -> None:
+    from lightning_srifty.io.catalog_io import load_catalog
+
+    types = set(load_catalog(options.catalog).types())
+    for name, _ in options.pinned:
+        if name not in types:
+            raise ConfigError(
+                f"--cluster: {name!r} is not an instance type of the catalog "
+                f"({len(types)} types, e.g. {', '.join(sorted(types)[:3])})"
+            )
 
 
 def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:

@@ -14,6 +14,7 @@ Preemption injection mirrors a cloud revocation: SIGTERM to every process of a n
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -198,12 +199,22 @@ class LocalBackend:
 
     @staticmethod
     def failure_reason(handle: object) -> str:
-        """The one line the callback left before stopping a misconfigured job, if any."""
-        marker = _as_job(handle).state_dir / proto.FAILURE_MARKER
+        """Why the job failed, in one line: the reason the callback left before stopping
+        a misconfigured job, else the last exception line of the script's own output."""
+        job = _as_job(handle)
         try:
-            return marker.read_text(encoding="utf-8").strip().splitlines()[0]
+            return (job.state_dir / proto.FAILURE_MARKER).read_text("utf-8").splitlines()[0]
         except (OSError, IndexError):
-            return ""
+            pass
+        found = ""
+        for log in job.logs:
+            if not log.exists():
+                continue
+            for line in log.read_text(errors="replace").splitlines():
+                match = _EXCEPTION_LINE.match(line)
+                if match and "ChildFailedError" not in match.group(1):
+                    found = line.strip()
+        return found
 
     @staticmethod
     def log_tail(handle: object, lines: int = 30) -> str:
@@ -215,6 +226,10 @@ class LocalBackend:
             out.append(f"--- {log.name} ---")
             out.extend(text[-lines:])
         return "\n".join(out)
+
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): \S")
+"""A traceback's last line (``ValueError: ...``); torchrun's own summary is skipped."""
 
 
 def _as_job(handle: object) -> LocalJob:

@@ -76,5 +76,8 @@ def test_run_mean_weights_each_report_by_its_steps_across_attempts() -> None:
     ]
     expected = (10 * 0.1 + 30 * 0.2 + 10 * 0.4) / 50
     assert mean_step_time(first + second) == pytest.approx(expected)
-    assert measured_step_time(first + second) == pytest.approx(0.2)  # the last window
+    assert measured_step_time(first + second) == pytest.approx(0.2)  # median of recent reports
     assert mean_step_time(first[:1]) is None
+    # A finished attempt counts with the mean its "done" carries over the whole attempt.
+    finished = [*second, ProgressEvent("done", 9.0, 95, step_s=0.3)]
+    assert mean_step_time(first + finished) == pytest.approx((7.0 + 60 * 0.3) / 100)

@@ -241,6 +241,11 @@ pl.Trainer(max_steps=5, logger=False, enable_checkpointing=False,
         ("bad-backend", "--backend 'gcp' is not valid"),
         ("bad-procs", "--local-procs must be >= 1"),
         ("unknown-option", "unknown srifty-launch option '--colour'"),
+        ("typo-after-script", "unknown option '--deadlin': did you mean --deadline"),
+        ("epochs-beside-target", "pass it after `--`: srifty-launch SCRIPT.py"),
+        ("bad-cluster", "--cluster 'g4dn.12xlarge' is not valid: use TYPE:N"),
+        ("unknown-cluster-type", "'p9.huge' is not an instance type"),
+        ("resume-nothing", "the folder does not exist"),
         ("no-callback", "does not use SriftyCallback"),
         ("crash", "crashed during profiling (exit code 1); its own traceback is above"),
         ("unreachable-bucket", "S3 check failed for s3://srifty-unreachable/x"),
@@ -270,6 +275,16 @@ def test_failures_are_one_line_with_a_nonzero_exit(
         args += ["--local-procs", "0"]
     elif case == "unknown-option":
         args = ["--colour", "red", *args]
+    elif case == "typo-after-script":
+        args += ["--deadlin", "5h"]
+    elif case == "epochs-beside-target":
+        args += ["--epochs", "3"]
+    elif case == "bad-cluster":
+        args += ["--cluster", "g4dn.12xlarge"]
+    elif case == "unknown-cluster-type":
+        args += ["--cluster", "p9.huge:1"]
+    elif case == "resume-nothing":
+        args = ["--resume", str(tmp_path / "nope")]
     elif case in ("no-callback", "crash"):
         body = NO_CALLBACK if case == "no-callback" else CRASHING
         path = tmp_path / f"{case}.py"
@@ -296,6 +311,8 @@ def test_failures_are_one_line_with_a_nonzero_exit(
         assert "ValueError: boom in the user's training_step" in captured.err  # the script's own
     else:
         assert "Traceback" not in captured.err
+    if case in ("missing-script", "no-script", "typo-after-script", "unknown-cluster-type"):
+        assert not (tmp_path / "run").exists()  # refused before any folder was made
 
 
 def test_preemptions_are_survived_migrated_and_logged(tmp_path: Path) -> None:

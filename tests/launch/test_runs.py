@@ -70,7 +70,7 @@ def test_run_record_round_trip_and_bad_folders(tmp_path: Path) -> None:
 
 def test_recorded_command_drops_this_launch_only_options(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    argv = ["--run-dir", "r", str(script), "--profile=p.json", "--yes", "--",
+    argv = ["--run-dir", "r", str(script), "--profile=p.json", "--dry-run", "--yes", "--",
             "--run-dir", "kept for the script"]  # fmt: skip
     assert launch_cmd.record_argv(argv, str(script)) == (
         str(script.resolve()), "--yes", "--", "--run-dir", "kept for the script"

@@ -7,6 +7,7 @@ download).
 
     python train_demo.py --model transformer|cnn|boring [--accumulate K]
         [--precision bf16-mixed] [--max-epochs E] [--explicit-devices N]
+        [--explicit-strategy S]
 """
 
 from __future__ import annotations
@@ -64,11 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="32-true")
     p.add_argument("--max-epochs", type=int, default=None)
     p.add_argument("--explicit-devices", type=int, default=None)
+    p.add_argument("--explicit-strategy", default=None)
     args = p.parse_args(argv)
     L.seed_everything(0)
     extra: dict[str, Any] = {}
     if args.explicit_devices is not None:
         extra["devices"] = args.explicit_devices  # a script that pins its own devices
+    if args.explicit_strategy is not None:
+        extra["strategy"] = args.explicit_strategy
     trainer = L.Trainer(
         max_epochs=args.max_epochs,
         accumulate_grad_batches=args.accumulate,

@@ -28,12 +28,12 @@ test: setup
 
 # The demo replays a real spot trace (preemptions) when ../shared/data is beside the clone.
 DEMO_TRACE ?= ../shared/data/spot-traces/preemption-1node-p3.2xlarge-2023-04/us-east-1c_v100_1.json
-DEMO_ARGS ?= --backend local --yes --target-steps 6000 --run-dir srifty_runs/demo
+# Each run gets its own folder, srifty_runs/train_digits-<time>; earlier runs are kept.
+DEMO_ARGS ?= --backend local --yes --target-steps 6000
 
 demo: setup
 	@if [ -f "$(DEMO_TRACE)" ]; then preempt="--preempt-trace $(DEMO_TRACE) --time-scale 1800"; \
 	else echo "($(DEMO_TRACE) not found: preempting every 8 s instead)"; preempt="--preempt-every 8s"; fi; \
-	rm -rf srifty_runs/demo; \
 	$(VENV)/bin/srifty-launch examples/train_digits.py $(DEMO_ARGS) $$preempt
 
 bench: setup

@@ -31,6 +31,7 @@ import datetime as dt
 import os
 import platform
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,7 +231,8 @@ class SriftyCallback(pl.Callback):
         self._ran: list[str] = []
         self._ran_set: set[str] = set()
         self._activation_bytes: dict[str, int] = {}
-        self._seen_outputs: set[int] = set()
+        self._seen_outputs: dict[int, weakref.ref[torch.Tensor]] = {}
+        """Outputs already counted this micro-batch (by id, checked alive: ids recycle)."""
         self._layers = LayerAccumulator()
         self._buckets = BucketAccumulator()
         self._steps: list[StepRecord] = []
@@ -306,7 +308,7 @@ class SriftyCallback(pl.Callback):
             self._flop_mark = _flop_totals(self._flop_mode)
         if self._measuring:
             self._in_step = True
-            self._seen_outputs = set()
+            self._seen_outputs = {}
             self._micros.append(_Micro(data_wait_s=data_wait, start=self._clock.mark()))
 
     def on_before_backward(
@@ -442,8 +444,8 @@ class SriftyCallback(pl.Callback):
             call[3] = self._clock.mark()
             if container:
                 return
-            fresh = [t for t in _tensors(output) if id(t) not in self._seen_outputs]
-            self._seen_outputs.update(id(t) for t in fresh)
+            fresh = [t for t in _tensors(output) if not self._seen(t)]
+            self._seen_outputs.update((id(t), weakref.ref(t)) for t in fresh)
             # Activations once, by the module that produced them (not again by wrappers).
             self._activation_bytes[name] = sum(t.numel() * t.element_size() for t in fresh)
             for tensor in _tensors(output):
@@ -451,6 +453,10 @@ class SriftyCallback(pl.Callback):
                     tensor.register_hook(self._grad_start_hook(name))
 
         return hook
+
+    def _seen(self, tensor: torch.Tensor) -> bool:
+        ref = self._seen_outputs.get(id(tensor))
+        return ref is not None and ref() is tensor
 
     def _grad_start_hook(self, name: str) -> Any:
         def hook(grad: torch.Tensor) -> None:

@@ -73,7 +73,8 @@ def _bytes(n: float) -> str:
 def _print_summary(profile: Profile, source: str, top: int) -> None:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
+
+    from lightning_srifty.cli.output import print_rows
 
     console = Console()
     env, steps = profile.environment, profile.steps
@@ -94,25 +95,34 @@ def _print_summary(profile: Profile, source: str, top: int) -> None:
         f"(after {steps.warmup_steps} warm-up); {profile.flops_per_step / 1e9:.3f} GFLOP/step"
     )
 
-    split = Table(title="Where a step goes")
-    for column in ("phase", "per step", "share"):
-        split.add_column(column, justify="left" if column == "phase" else "right")
-    for name, value, share in phase_split(profile):
-        split.add_row(name, _ms(value), f"{100 * share:.1f}%")
-    console.print(split)
+    print_rows(
+        console,
+        "Where a step goes",
+        ("phase", "per step", "share"),
+        [(name, _ms(value), f"{100 * share:.1f}%") for name, value, share in phase_split(profile)],
+        right=("per step", "share"),
+    )
 
     if profile.layers and top > 0:
-        layers = Table(title=f"Top {min(top, len(profile.layers))} layers by time")
-        for column in ("layer", "type", "forward", "backward", "params", "GFLOP", "activ."):
-            layers.add_column(column, justify="left" if column in ("layer", "type") else "right")
         ranked = sorted(profile.layers, key=lambda x: x.forward_s + x.backward_s, reverse=True)
-        for layer in ranked[:top]:
-            layers.add_row(
-                layer.name, layer.module_type, _ms(layer.forward_s), _ms(layer.backward_s),
-                _bytes(layer.param_bytes), f"{layer.flops / 1e9:.4f}",
-                _bytes(layer.activation_bytes),
-            )  # fmt: skip
-        console.print(layers)
+        print_rows(
+            console,
+            f"Top {min(top, len(profile.layers))} layers by time",
+            ("layer", "type", "forward", "backward", "params", "GFLOP", "activ."),
+            [
+                (
+                    layer.name,
+                    layer.module_type,
+                    _ms(layer.forward_s),
+                    _ms(layer.backward_s),
+                    _bytes(layer.param_bytes),
+                    f"{layer.flops / 1e9:.4f}",
+                    _bytes(layer.activation_bytes),
+                )  # fmt: skip
+                for layer in ranked[:top]
+            ],
+            right=("forward", "backward", "params", "GFLOP", "activ."),
+        )
 
     mem = profile.memory
     console.print(
@@ -127,22 +137,40 @@ def _print_summary(profile: Profile, source: str, top: int) -> None:
             f"exposed {_ms(comm.exposed_s)}; {_bytes(profile.grad_bytes)} of gradients"
         )
     if profile.buckets:
-        buckets = Table(title="DDP buckets (in ready order)")
-        for column in ("order", "index", "size", "params", "ready at", "all-reduce"):
-            buckets.add_column(column, justify="right")
-        for b in sorted(profile.buckets, key=lambda b: b.ready_order):
-            buckets.add_row(
-                str(b.ready_order), str(b.index), _bytes(b.bytes), str(b.num_params),
-                _ms(b.ready_offset_s), _ms(b.allreduce_s),
-            )  # fmt: skip
-        console.print(buckets)
+        columns = ("order", "index", "size", "params", "ready at", "all-reduce")
+        print_rows(
+            console,
+            "DDP buckets (in ready order)",
+            columns,
+            [
+                (
+                    str(b.ready_order),
+                    str(b.index),
+                    _bytes(b.bytes),
+                    str(b.num_params),
+                    _ms(b.ready_offset_s),
+                    _ms(b.allreduce_s),
+                )  # fmt: skip
+                for b in sorted(profile.buckets, key=lambda b: b.ready_order)
+            ],
+            right=columns,
+        )
     if len(profile.ranks) > 1:
-        ranks = Table(title="Ranks")
-        for column in ("rank", "step", "forward", "backward", "all-reduce", "exposed"):
-            ranks.add_column(column, justify="right")
-        for r in profile.ranks:
-            ranks.add_row(
-                str(r.rank), _ms(r.step_mean_s), _ms(r.forward_s), _ms(r.backward_s),
-                _ms(r.allreduce_s), _ms(r.exposed_comm_s),
-            )  # fmt: skip
-        console.print(ranks)
+        columns = ("rank", "step", "forward", "backward", "all-reduce", "exposed")
+        print_rows(
+            console,
+            "Ranks",
+            columns,
+            [
+                (
+                    str(r.rank),
+                    _ms(r.step_mean_s),
+                    _ms(r.forward_s),
+                    _ms(r.backward_s),
+                    _ms(r.allreduce_s),
+                    _ms(r.exposed_comm_s),
+                )  # fmt: skip
+                for r in profile.ranks
+            ],
+            right=columns,
+        )

@@ -250,6 +250,8 @@ class Controller:
     """The job's progress file is readable here (local backend); on cloud VMs it is not."""
     first_attempt: int = 1
     """Number of the first attempt (a resumed run continues after the earlier ones)."""
+    start_step: int = 0
+    """Step of the checkpoint the first attempt resumes from (progress counts from it)."""
     trainer_env_for: Callable[[Plan], Mapping[str, str]] | None = None
     """``PL_TRAINER_*`` defaults that shape the script's Trainer for a plan."""
     target_epochs: float | None = None
@@ -296,7 +298,7 @@ class Controller:
         started = time.monotonic()
         cost = 0.0
         preempted_at: float | None = None
-        reached = 0
+        reached = self.start_step
         for attempt in range(self.first_attempt, self.first_attempt + self.max_attempts):
             report = self._attempt(attempt, plan, started, reached)
             reached = max(reached, report.last_step)

@@ -267,6 +267,7 @@ def run_launch(
         checkpoint_interval_s=interval_s,
         progress_is_local=local is not None,
         first_attempt=next_attempt(run_dir),
+        start_step=max((ref.step for ref in store.refs()), default=0),
         trainer_env_for=lambda p: _trainer_env(p, local, run_dir),
         target_epochs=request.epochs,
     )

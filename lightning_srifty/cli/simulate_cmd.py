@@ -151,12 +151,24 @@ def _print_table(result: SimulationResult, nodes: int) -> None:
     console.print(summary)
     if not result.events:
         return
-    log = Table(title="placement changes")
-    for column in ("tick", "hour", "from", "to", "lost h", "why"):
-        log.add_column(column, justify="right" if column in ("tick", "hour", "lost h") else "left")
-    for e in result.events[:EVENTS_SHOWN]:
-        log.add_row(str(e.tick), f"{e.time_hours:.2f}", e.source, e.target,
-                    f"{e.lost_hours:.2f}", e.reason)  # fmt: skip
-    console.print(log)
+    from lightning_srifty.cli.output import print_rows
+
+    print_rows(
+        console,
+        "placement changes",
+        ("tick", "hour", "from", "to", "lost h", "why"),
+        [
+            (
+                str(e.tick),
+                f"{e.time_hours:.2f}",
+                e.source,
+                e.target,
+                f"{e.lost_hours:.2f}",
+                e.reason,
+            )  # fmt: skip
+            for e in result.events[:EVENTS_SHOWN]
+        ],
+        right=("tick", "hour", "lost h"),
+    )
     if len(result.events) > EVENTS_SHOWN:
         console.print(f"… {len(result.events) - EVENTS_SHOWN} more (use --json for all)")

@@ -2,17 +2,28 @@
 
 One line of integration, ``Trainer(callbacks=[SriftyCallback()])``. The callback skips
 warm-up steps, counts FLOPs on the last warm-up step (the counter slows that step, so
-it is never timed), then times ``profile_steps`` steps (or ``profile_epochs`` epochs):
+it is never timed), then times ``profile_steps`` steps (or ``profile_epochs`` epochs).
+Steps are optimizer steps: with ``accumulate_grad_batches=k`` one step spans k
+micro-batches, and the profile records k.
 
 * phases from Lightning hooks: forward (batch start → ``on_before_backward``), backward
   (→ ``on_after_backward``, which under DDP includes waiting for the last bucket),
   optimizer (``on_before_optimizer_step`` → batch end) and data wait (previous batch end
-  → batch start);
-* per leaf module: forward from module pre/post forward hooks; backward from *tensor*
-  hooks (on the module's outputs for the start, on its parameters and grad-requiring
-  inputs for the end). Tensor hooks rather than ``register_full_backward_hook`` because
-  full backward hooks wrap outputs in a view that an in-place op (``ReLU(inplace=True)``)
-  may not modify, and they fire too early for a first layer whose input needs no grad;
+  → batch start), summed over a step's micro-batches;
+* per layer record: every module that runs in the window, except pure containers
+  (``nn.Sequential``), is a record of its own *self* time, so nothing is counted twice
+  and a module computing in its own forward (``MultiheadAttention``, a wrapper applying
+  ``F.relu``) is covered. Forward self time comes from module pre/post hooks and the
+  call stack; backward from *tensor* hooks (on the module's outputs for the start, on
+  its parameters, or for parameter-less modules its inputs, for the end), minus the
+  records nested inside. Tensor hooks rather than ``register_full_backward_hook``
+  because full backward hooks wrap outputs in a view that an in-place op
+  (``ReLU(inplace=True)``) may not modify. Every parameter belongs to exactly one
+  record (a parameter of a module that never runs, like ``MultiheadAttention``'s
+  ``out_proj``, to the record that uses it). FLOPs come from ``FlopCounterMode``'s
+  forward counts, resolved to module paths whatever the tracker's naming, with the
+  backward counted per record as the weights' and (where needed) the input's gradient;
+  blocks follow the model's structure through single-child wrappers (``self.model``);
 * under DDP, each bucket's ready time and all-reduce time from a communication hook
   (:mod:`~lightning_srifty.capture.ddp`).
 

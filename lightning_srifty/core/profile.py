@@ -129,11 +129,14 @@ class StepTimes:
 
 @dataclass(frozen=True)
 class LayerTiming:
-    """One leaf module, in forward execution order (backward runs in reverse)."""
+    """One module's own share of a step, in forward execution order (backward runs in
+    reverse). Times are self times (nested records excluded); every parameter of the
+    model is counted in exactly one layer."""
 
     name: str
+    """Module path in the LightningModule (the LightningModule's class name for itself)."""
     block: str
-    """Top-level child of the LightningModule this layer belongs to."""
+    """Branch of the model it sits in, below single-child wrappers such as ``model``."""
     module_type: str
     forward_s: float
     backward_s: float

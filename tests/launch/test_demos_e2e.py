@@ -70,6 +70,9 @@ def test_transformer_pinned_to_four_gpus_runs_as_one_ddp_job(
     # Lightning's logs live in the run folder; the working directory gets none.
     assert sorted(p.name for p in in_tmp.iterdir()) == ["exp"]
     assert len(list((run / "lightning" / "lightning_logs").iterdir())) == 2  # profile, train
+    # Lightning's own progress bar counts the script's epochs (no "Epoch 0/-2").
+    bar = (run / "attempt-1" / "node-0.log").read_text(errors="replace")
+    assert "Epoch 0/" in bar and "/-2" not in bar
     profile = load_profile(run / "profile.json")
     attention = [x for x in profile.layers if x.module_type == "MultiheadAttention"]
     assert len(attention) == 6 and all(x.flops > 0 for x in attention)

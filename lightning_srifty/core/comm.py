@@ -25,12 +25,6 @@ import numpy as np
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 """PyTorch DDP's default ``bucket_cap_mb`` (25 MiB)."""
 
-NOMINAL_LINK_GBYTES_S = {"PCIe": 15.75, "NVLink": 150.0, "none": 15.75}
-"""Nominal one-direction GPU-to-GPU bandwidth in GB/s: PCIe 3.0 x16 (15.75 GB/s,
-PCI-SIG) and NVLink 2 on V100 (6 links x 25 GB/s = 150 GB/s, NVIDIA V100 datasheet).
-Newer NVLink generations are faster; the calibrated efficiency absorbs the difference
-only for the hardware it was fitted on, so this stays the conservative V100 figure."""
-
 
 def ring_allreduce_s(
     nbytes: np.ndarray | float,

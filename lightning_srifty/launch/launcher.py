@@ -124,11 +124,11 @@ def load_planning_inputs(
     options: LaunchOptions, profiled_on: str
 ) -> tuple[tuple[Offer, ...], PerformanceModel]:
     """Catalog offers and the performance model (files are read here, once)."""
-    from lightning_srifty.io.calibration_io import load_calibration
+    from lightning_srifty.io.calibration_io import calibration_or_default
     from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
 
     offers = planning_offers(options.catalog, profiled_on)
-    calibration = load_calibration(options.calibration) if options.calibration else None
+    calibration = calibration_or_default(options.calibration)
     return offers, PerformanceModel(load_gpu_specs(), calibration)
 
 

@@ -45,6 +45,7 @@ SHARES = ("tail_fraction", "overlap_window")
 NUMERIC_CONSTANTS = (
     *EFFICIENCIES,
     "tcp_flow_gbps",
+    "tcp_two_way_slowdown",
     "nvlink_latency_s",
     "pcie_latency_s",
     "tcp_latency_s",
@@ -98,6 +99,13 @@ class PhysicsConstants:
     tcp_flow_gbps: float = 10.0
     """What one TCP socket driven by one NCCL thread carries at most (Gbit/s): the
     CPU-bound rate of a single stream."""
+    tcp_two_way_slowdown: float = 1.0
+    """Slowdown of a tunnelled TCP ring that crosses exactly two nodes. A tunnel makes
+    all traffic from one host to the other a single capped flow, so with two nodes the
+    ACKs of A's data to B queue in the same capped flow as B's data to A (two-way
+    traffic: Zhang, Shenker & Clark, SIGCOMM '91); with three or more nodes each host
+    pair carries data one way only and ACKs return in an idle flow. Untunnelled
+    sockets return ACKs in flows of their own, and RDMA has no ACK clock."""
     efa_efficiency: float = 0.8
     """Achieved over the EFA interface rate (libfabric, aws-ofi-nccl)."""
     ib_efficiency: float = 0.9

@@ -8,10 +8,11 @@ network rails the GPUs can drive in parallel, the cloud's cap on one TCP flow an
 number of sockets NCCL opens per connection. The model then takes
 
 * inside a node: ``nominal per-GPU rate × efficiency[NVLink|PCIe]``;
-* between nodes over TCP: ``min(NIC, flows × min(per-flow cap, one socket's rate)) ×
-  efficiency[tcp]``, with ``flows = NCCL channels × sockets per connection`` (NCCL is
-  paced by its slowest socket, and one socket driven by one thread has a rate of its
-  own, the fitted ``tcp_flow_gbps``);
+* between nodes over TCP: ``min(NIC, flows × per-flow cap, sockets × one socket's
+  rate) × efficiency[tcp]``, with ``sockets = NCCL channels × sockets per connection``
+  (NCCL is paced by its slowest socket, and one socket driven by one thread has a rate
+  of its own, the fitted ``tcp_flow_gbps``) and as many capped flows as sockets,
+  except through a tunnel, which the cloud counts as one flow per host pair;
 * between nodes over RDMA (EFA, InfiniBand): ``NIC × share of rails in use ×
   efficiency[efa|ib]`` (a ring that uses one GPU per node drives one HCA of a
   rail-optimised DGX, not all eight).
@@ -102,6 +103,12 @@ class NodeLinks:
     isolated_gpus: bool = False
     """Each GPU runs in its own container with its own host name, so NCCL sends even
     intra-node traffic through its network transport (see the module docstring)."""
+    encapsulated: bool = False
+    """Traffic between nodes is tunnelled (a Kubernetes overlay such as Calico's IPIP).
+    AWS counts a flow by its 5-tuple only for TCP and UDP; for other protocols after
+    the IP header it uses the 3-tuple of source, destination and protocol (EC2 User
+    Guide, "Amazon EC2 instance network bandwidth"), so all tunnelled traffic from one
+    host to another is a single capped flow, whatever NCCL's socket count."""
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:
@@ -113,6 +120,11 @@ class NodeLinks:
     def flows(self) -> int:
         """TCP flows NCCL runs per connection: channels x sockets."""
         return NCCL_TCP_CHANNELS * self.sockets_per_connection
+
+    @property
+    def capped_flows(self) -> int:
+        """Flows the cloud's per-flow cap applies to: one per host pair when tunnelled."""
+        return 1 if self.encapsulated else self.flows
 
     def describe(self) -> str:
         inside = (
@@ -130,6 +142,8 @@ class NodeLinks:
             )
         if self.rails > 1:
             net += f", {self.rails} rails"
+        if self.encapsulated and self.transport == "tcp":
+            net += ", tunnelled (one flow per host pair)"
         if self.isolated_gpus:
             inside += " (unused: one container per GPU, NCCL's network transport instead)"
         return f"{inside}; {net}"
@@ -193,6 +207,7 @@ def fabric_links(
     *,
     sockets_per_connection: int = NCCL_DEFAULT_SOCKETS,
     isolated_gpus: bool = True,
+    encapsulated: bool = True,
 ) -> NodeLinks:
     """Links of a measured cluster described in words (a trace's ``hardware.json``).
 
@@ -205,7 +220,9 @@ def fabric_links(
     (adaptdl ``sched/adaptdl_sched/controller.py``, ``_create_pod``): NCCL cannot read
     the NIC's vendor from the pod's veth (one socket) and its host hash (host name +
     boot id, ``getHostHash``) differs between pods of one machine, so it treats every
-    GPU as a host of its own (``isolated_gpus``). A single-node cluster's fabric carries
+    GPU as a host of its own (``isolated_gpus``); pod traffic between nodes crosses the
+    cluster's overlay (``encapsulated``: Calico IPIP on the Pollux cluster, adaptdl
+    ``benchmark/main.tf``), which matters only where a cloud caps flows. A single-node cluster's fabric carries
     none of its traffic: its pods talk over the host's own TCP stack (an RDMA device
     inside pods is a multi-node cluster's set-up).
     """
@@ -229,7 +246,7 @@ def fabric_links(
         cap = math.inf
     return NodeLinks(
         interconnect, intra_gbytes_s, "tcp", nic_gbps, nic_gbps, 1, cap, sockets_per_connection,
-        isolated_gpus,
+        isolated_gpus, encapsulated,
     )  # fmt: skip
 
 
@@ -260,8 +277,10 @@ class LinkColumns:
     rails: np.ndarray
     flow_cap_bytes_s: np.ndarray
     flows: np.ndarray
+    capped_flows: np.ndarray
     isolated: np.ndarray
     """bool: intra-node hops take the network transport."""
+    encapsulated: np.ndarray
 
     @staticmethod
     def build(links: Sequence[NodeLinks], index: np.ndarray) -> LinkColumns:
@@ -282,7 +301,9 @@ class LinkColumns:
             rails=col([max(x.rails, 1) for x in links]),
             flow_cap_bytes_s=col([x.flow_cap_gbps * 1e9 / 8 for x in links]),
             flows=col([x.flows for x in links]),
+            capped_flows=col([x.capped_flows for x in links]),
             isolated=col([x.isolated_gpus for x in links], bool),
+            encapsulated=col([x.encapsulated for x in links], bool),
         )
 
 
@@ -301,8 +322,9 @@ def inter_node_bytes_s(
         tcp_flow_gbps: what one TCP socket driven by one NCCL thread carries at most.
     """
     eff = np.asarray(efficiency, dtype=np.float64)[cols.transport]
-    per_flow = np.minimum(cols.flow_cap_bytes_s, tcp_flow_gbps * 1e9 / 8)
-    tcp = np.minimum(cols.peak_bytes_s, cols.flows * per_flow)
+    sockets = cols.flows * tcp_flow_gbps * 1e9 / 8
+    capped = cols.capped_flows * cols.flow_cap_bytes_s
+    tcp = np.minimum(cols.peak_bytes_s, np.minimum(capped, sockets))
     share = np.minimum(np.maximum(np.asarray(gpus_used, dtype=np.float64), 1.0), cols.rails)
     rdma = cols.nic_bytes_s * share / cols.rails
     return np.where(cols.transport == 0, tcp, rdma) * eff

@@ -116,6 +116,8 @@ class _Links:
     """Per-hop latency of the slowest GPU link in use."""
     inter_latency_s: np.ndarray
     """Per-hop latency of the slowest network transport in use."""
+    two_way: np.ndarray
+    """Slowdown of the network hops from two-way TCP traffic (two nodes only)."""
     physics: PhysicsConstants
 
     def allreduce_s(self, nbytes: float, messages: int) -> np.ndarray:
@@ -135,13 +137,14 @@ class _Links:
         if phys.inter_algorithm == "tree":
             intra, inter = hierarchical_allreduce_s(
                 nbytes, self.gpus_per_node, self.nodes, self.intra_bytes_s,
-                self.intra_latency_s, self.inter_bytes_s, self.inter_latency_s,
+                self.intra_latency_s, self.inter_bytes_s / self.two_way, self.inter_latency_s,
                 messages=messages, inter_algorithm="tree",
             )  # fmt: skip
             total = intra + inter + launch
         else:
+            network = self.inter_bytes_s / self.two_way
             slowest = np.where(
-                multi_node, np.minimum(self.intra_bytes_s, self.inter_bytes_s), self.intra_bytes_s
+                multi_node, np.minimum(self.intra_bytes_s, network), self.intra_bytes_s
             )
             bandwidth = ring_allreduce_s(nbytes, self.world, slowest, 0.0)
             # a message travels the whole ring: 2(N-1) of its 2(p-1) hops cross nodes
@@ -433,9 +436,14 @@ class PerformanceModel:
             cols.isolated, hop, np.asarray(phys.intra_latencies())[cols.interconnect]
         )
         intra_latency = _row_max(np.where(present & (gpn > 1), intra_hop, 0.0))
-        links = _Links(
-            world, total_nodes, gmax, intra_bw, inter_bw, intra_latency, inter_latency, phys
+        tunnelled = _row_max(np.where(present, (cols.transport == 0) & cols.encapsulated, False))
+        two_way = np.where(
+            (total_nodes == 2) & tunnelled.astype(bool), phys.tcp_two_way_slowdown, 1.0
         )
+        links = _Links(
+            world, total_nodes, gmax, intra_bw, inter_bw, intra_latency, inter_latency,
+            two_way, phys,
+        )  # fmt: skip
         grad_bytes = float(profile.grad_bytes)
 
         fwd_share, bwd_share = self._phase_shares(profile)

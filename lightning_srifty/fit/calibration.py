@@ -81,6 +81,15 @@ PRIORS: dict[str, Prior] = {
         1.0,
         "one TCP stream on one server core: about 10 Gbit/s at a 1500-byte MTU",
     ),
+    "tcp_two_way_slowdown": Prior(
+        1.0,
+        3.0,
+        1.0 + 1e-3,
+        0.5,
+        "none assumed: two-way TCP traffic slows ACK-clocked flows (Zhang, Shenker & Clark, "
+        "SIGCOMM '91), how much depends on the path; only a TCP cluster's two-node rows "
+        "measure it",
+    ),
     "efa_efficiency": Prior(
         0.05,
         1.0,
@@ -117,8 +126,10 @@ PRIORS: dict[str, Prior] = {
     "pcie_latency_s": Prior(
         1e-7, 5e-4, 5e-6, 1.5, "NCCL tuning model: ~1 us per PCIe hop, more through host memory"
     ),
-    "tcp_latency_s": Prior(1e-6, 1e-2, 50e-6, 1.5, "TCP round trips inside a VPC: tens of us"),
-    "rdma_latency_s": Prior(1e-7, 1e-3, 10e-6, 1.5, "NCCL tuning model: ~5 us per IB hop"),
+    "tcp_latency_s": Prior(
+        1e-6, 3e-4, 50e-6, 1.5, "TCP round trips inside a VPC or a host: tens of us"
+    ),
+    "rdma_latency_s": Prior(1e-7, 1e-4, 10e-6, 1.5, "NCCL tuning model: ~5 us per IB hop"),
     "collective_launch_s": Prior(
         1e-6, 5e-3, 50e-6, 1.5, "one NCCL kernel launch plus DDP bucket bookkeeping"
     ),
@@ -131,7 +142,8 @@ PRIORS: dict[str, Prior] = {
 """Bounds and priors of every numeric :class:`PhysicsConstants` field, with sources.
 
 The bounds are physical (no transport beats its line rate, so an efficiency is at
-most 1; a hop inside a node costs microseconds, so at most 100 us);
+most 1; a hop inside a node costs microseconds, so at most 100 us, and a TCP hop
+at most 300 us, a slow round trip inside one data centre);
 without them a fit can trade a millisecond "latency" per bucket against bandwidth,
 equally well on one cluster but meaningless on another. The priors matter only for
 a constant no fitted row informs."""
@@ -261,8 +273,9 @@ def _shifted(name: str, hardware: float, offset: float) -> float:
     """A job's term: the hardware value moved by ``offset`` in logit or log space."""
     if name in SHARES:
         p = min(max(hardware, 1e-4), 1 - 1e-4)
-        return float(1.0 / (1.0 + math.exp(-(math.log(p / (1 - p)) + offset))))
-    return float(max(hardware, 1e-9) * math.exp(offset))
+        z = min(max(math.log(p / (1 - p)) + offset, -40.0), 40.0)
+        return float(1.0 / (1.0 + math.exp(-z)))
+    return float(max(hardware, 1e-9) * math.exp(min(max(offset, -40.0), 40.0)))
 
 
 @dataclass(frozen=True)
@@ -476,8 +489,10 @@ def _correction_data(
     physics: PhysicsConstants,
     specs: dict[str, GpuSpec],
     jobs: Sequence[JobTerms],
+    by: str = "model",
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per job: correction features and ``log(measured/predicted)`` of its rows."""
+    """Per job (``by="model"``) or per hardware (``by="source"``): correction features
+    and ``log(measured/predicted)`` of its rows."""
     model = PerformanceModel(specs, Calibration(physics=physics, jobs=tuple(jobs)))
     parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for g in groups:
@@ -490,7 +505,8 @@ def _correction_data(
         x = correction_features(
             world, nodes, gmax, out["allreduce"], out["compute"], out["step"] - out["compute"]
         )
-        parts.setdefault(g.model, []).append((x, np.log(g.measured_s / out["step"])))
+        key = g.model if by == "model" else g.source
+        parts.setdefault(key, []).append((x, np.log(g.measured_s / out["step"])))
     return {
         job: (np.vstack([x for x, _ in v]), np.concatenate([y for _, y in v]))
         for job, v in parts.items()
@@ -546,13 +562,22 @@ def fit_correction(
 
     Returns ``None`` when there are too few rows, or (``require_transfer``) when trees
     fitted without a job do not predict that job better than the physics alone by at
-    least :data:`MIN_TREE_GAIN` (:func:`transfer_gain`; it needs two jobs to tell).
+    least :data:`MIN_TREE_GAIN` (:func:`transfer_gain`; it needs two jobs to tell), or,
+    when the rows come from several kinds of hardware, when trees fitted without one
+    kind do not predict it better by as much.
     """
-    data = _correction_data(groups, physics, dict(gpu_specs or {}), jobs)
+    specs = dict(gpu_specs or {})
+    data = _correction_data(groups, physics, specs, jobs)
     if sum(len(y) for _, y in data.values()) < MIN_ROWS_FOR_TREES:
         return None
-    if require_transfer and (len(data) < 2 or transfer_gain(data, seed) < MIN_TREE_GAIN):
-        return None
+    if require_transfer:
+        if len(data) < 2 or transfer_gain(data, seed) < MIN_TREE_GAIN:
+            return None
+        # a calibration that spans several kinds of hardware is used on hardware it has
+        # never seen: the trees must also help a kind of hardware left out of their fit
+        kinds = _correction_data(groups, physics, specs, jobs, by="source")
+        if len(kinds) > 1 and transfer_gain(kinds, seed) < MIN_TREE_GAIN:
+            return None
     losses = [("squared_error", 0.5), ("quantile", QUANTILES[0]), ("quantile", QUANTILES[1])]
     fitted = _fit_trees(data, losses, seed)
     sample = np.vstack([x for x, _ in data.values()])

@@ -222,9 +222,9 @@ def fabric_links(
     boot id, ``getHostHash``) differs between pods of one machine, so it treats every
     GPU as a host of its own (``isolated_gpus``); pod traffic between nodes crosses the
     cluster's overlay (``encapsulated``: Calico IPIP on the Pollux cluster, adaptdl
-    ``benchmark/main.tf``), which matters only where a cloud caps flows. A single-node cluster's fabric carries
-    none of its traffic: its pods talk over the host's own TCP stack (an RDMA device
-    inside pods is a multi-node cluster's set-up).
+    ``benchmark/main.tf``), which matters only where a cloud caps flows. A single-node
+    cluster's fabric carries none of its traffic: its pods talk over the host's own TCP
+    stack (an RDMA device inside pods is a multi-node cluster's set-up).
     """
     text = fabric.lower() if nodes > 1 else "single node"
     if "infiniband" in text or "infini band" in text:

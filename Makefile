@@ -11,7 +11,7 @@ STAMP := $(VENV)/.srifty-installed
 export SKYPILOT_DISABLE_LOCAL_API_SERVER := 1
 export SKYPILOT_DISABLE_USAGE_COLLECTION := 1
 
-.PHONY: setup test demo bench lint typecheck clean
+.PHONY: setup test demo bench lint typecheck clean default-calibration
 
 setup: $(STAMP)
 
@@ -35,6 +35,15 @@ demo: setup
 	@if [ -f "$(DEMO_TRACE)" ]; then preempt="--preempt-trace $(DEMO_TRACE) --time-scale 1800"; \
 	else echo "($(DEMO_TRACE) not found: preempting every 8 s instead)"; preempt="--preempt-every 8s"; fi; \
 	$(VENV)/bin/srifty-launch examples/train_digits.py $(DEMO_ARGS) $$preempt
+
+# Refits the calibration shipped in the package on every shared trace set (maintainers;
+# needs ../shared/data). The file records each set's name below SHARED_DATA.
+SHARED_DATA ?= ../shared/data
+DEFAULT_SETS ?= pollux-traces sia-traces/dgx-ext sia-traces/quad
+default-calibration: setup
+	$(VENV)/bin/srifty calibrate --data-root $(SHARED_DATA) \
+		$(foreach s,$(DEFAULT_SETS),--traces $(SHARED_DATA)/$(s)) \
+		--out lightning_srifty/data/default_calibration.json
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

@@ -1,32 +1,43 @@
-"""Cross-GPU scaling: Lambda's measured 1-GPU throughput vs the published spec table.
+"""Cross-GPU scaling, checked two ways on measurements.
 
-For every pair of GPUs present in both ``lambda-benchmark`` and ``gpu_specs.csv`` it
-prints, per precision, the measured throughput ratio (geometric mean over models, and
-the per-model spread), the ratio predicted by peak FLOP/s alone, by memory bandwidth
-alone and by the roofline blend of ``core.catalog.predicted_speed_ratio`` (fixed 50/50
-weight, not fitted), with each prediction's error. Ends with the median absolute error
-of each predictor and how often it ranks the pair the right way round.
+1. **Lambda's benchmark**: for every pair of GPUs present in both ``lambda-benchmark``
+   and ``gpu_specs.csv``, per precision, the measured throughput ratio (geometric mean
+   over models, and the per-model spread), the ratio predicted by peak FLOP/s alone, by
+   memory bandwidth alone and by the model's one compute-ratio function
+   (``core.catalog.device_time_ratio``: a fixed 50/50 roofline blend, not fitted), with
+   each prediction's error, the median absolute error and how often the pair is ranked
+   the right way round.
+2. **The same six jobs on three GPUs** (pollux T4, sia A100 and Quadro RTX 6000): each
+   set's single-GPU step at every local batch measured on another GPU, predicted by the
+   performance model from the source set's single-GPU rows alone (its coarse profile on
+   a one-GPU cluster of the target hardware), so host time, the fixed per-step cost and
+   the precision path are exercised as in ``srifty predict``. Per-model medians and the
+   pooled median per direction; the target is a median of at most 15 % from the T4.
 
-Run: ``.venv/bin/python benchmarks/bench_gpu_scaling.py [path/to/lambda-benchmark]``
+Run: ``.venv/bin/python benchmarks/bench_gpu_scaling.py [--data-root DIR]``
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from lightning_srifty.core.catalog import PRECISIONS, peak_tflops, predicted_speed_ratio
+from lightning_srifty.core.cluster import Cluster, ClusterGroup
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_gpu_specs
 from lightning_srifty.io.lambda_bench import load_lambda_benchmark, single_gpu_throughput
+from lightning_srifty.io.traces import TraceSet, coarse_profile, load_traces
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "lambda-benchmark"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data"
+TRACE_SETS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
 
 
-def main(folder: Path) -> None:
+def lambda_pairs(folder: Path) -> None:
     specs = load_gpu_specs()
     rows = load_lambda_benchmark(folder)
     for precision in PRECISIONS:
@@ -71,5 +82,54 @@ def main(folder: Path) -> None:
             print(f"   {name:<6} median error {median:5.1f}%   ranked right {agree[name]}/{pairs}")
 
 
+def _single_gpu(traces: TraceSet, model: str) -> dict[int, float]:
+    by: dict[int, list[float]] = {}
+    for r in traces.single_gpu_rows(model):
+        by.setdefault(r.local_bsz, []).append(r.step_time)
+    return {b: float(np.mean(v)) for b, v in by.items()}
+
+
+def trace_pairs(root: Path) -> None:
+    specs = load_gpu_specs()
+    model = PerformanceModel(specs, load_default_calibration())
+    sets = {name: load_traces(root / name) for name in TRACE_SETS}
+    print("\n== single-GPU step on another GPU, predicted from the source's 1-GPU rows ==")
+    for src_name, dst_name in itertools.permutations(sets, 2):
+        src, dst = sets[src_name], sets[dst_name]
+        cluster = Cluster((ClusterGroup(dst.hardware.offer(), 1, 1),))
+        every: list[float] = []
+        cells = []
+        for job in src.rows:
+            if job not in dst.rows:
+                continue
+            profile = coarse_profile(src.models[job], src.single_gpu_rows(job), src.hardware)
+            measured = _single_gpu(dst, job)
+            source_batches = sorted(_single_gpu(src, job))
+            errors = []
+            for batch, step in sorted(measured.items()):
+                if not source_batches[0] <= batch <= source_batches[-1]:
+                    continue  # compare where the source measured too
+                pred = model.predict(profile, cluster, local_batch=batch).step_s
+                errors.append(abs(pred - step) / step)
+            if errors:
+                every.extend(errors)
+                cells.append(f"{job}:{100 * np.median(errors):.0f}")
+        print(
+            f"{src.hardware.gpu:>16} -> {dst.hardware.gpu:<16} median "
+            f"{100 * np.median(every):5.1f} %  p90 {100 * np.quantile(every, 0.9):5.1f} %  "
+            f"({len(every)} rows; per model: {' '.join(cells)})"
+        )
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_ROOT)
+    args = parser.parse_args()
+    lambda_pairs(args.data_root / "lambda-benchmark")
+    trace_pairs(args.data_root)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DATA)
+    main()

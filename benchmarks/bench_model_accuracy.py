@@ -1,24 +1,38 @@
-"""Held-out accuracy of the performance model on the Pollux traces, with baselines.
+"""Held-out accuracy of the performance model on every shared trace set, with baselines.
 
-Run: ``.venv/bin/python benchmarks/bench_model_accuracy.py [TRACE_DIR]``. Prints, for the
-``lomo`` and ``scale-out`` protocols, median and p90 absolute percentage error per model
-and overall, for:
+Run: ``.venv/bin/python benchmarks/bench_model_accuracy.py [--data-root DIR] [--quick]``
+
+Prints, measured in this run:
+
+1. **Unseen hardware** (leave one hardware out over the shared sets): each set's
+   multi-GPU rows predicted from its single-GPU rows and a calibration fitted on the
+   *other* sets only, for srifty (physics + learned correction), srifty physics alone
+   and the baselines. This is what a user on hardware nobody calibrated gets.
+2. **lomo** and **scale-out** on each set (calibrated on the same hardware).
+3. **Links**: for every trainable catalog instance type, two nodes all-reducing a
+   256 MB gradient under the shipped default calibration: the effective rate per node
+   (bus bytes through the NIC per second) against 30 % of ``min(NIC, 5 Gbps, one TCP
+   flow's cap)``.
+4. The time of ``predict_batch`` on 500,000 candidates (the planner's budget).
+
+Baselines (per-model medians beside the pooled figure):
 
 * perfect scaling: the one-GPU step time at the same local batch;
-* textbook ring: one-GPU compute plus a ring all-reduce at nominal bandwidth, no overlap;
-* plain GBR: scikit-learn gradient boosting on simple features (replicas, nodes, local
-  batch, one-GPU step time, gradient bytes; all logged, log step time as target)
-  trained on the same fit rows;
-* srifty physics: the calibrated analytic model alone;
-* srifty: physics plus the learned correction (what ``srifty validate`` reports).
+* textbook ring: one-GPU compute plus a ring all-reduce at the nominal link rates
+  (PCIe/NVLink per GPU, the NIC between nodes), no overlap, no latency;
+* GBR (relative): scikit-learn gradient boosting on transferable features
+  (log replicas, log nodes, log of gradient bytes over one-GPU step time) predicting
+  ``log(step / one-GPU step)``, trained on the same fit rows as srifty.
 
-It also times ``predict_batch`` on 500,000 random candidates (the planner's budget).
+``--quick`` skips the learned correction and the lomo/scale-out tables.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,154 +40,293 @@ import numpy as np
 
 from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.candidates import CandidateArrays
-from lightning_srifty.core.catalog import GpuSpec
+from lightning_srifty.core.cluster import Cluster, ClusterGroup
+from lightning_srifty.core.links import AWS_FLOW_CAP_GBPS
 from lightning_srifty.core.perfmodel import PerformanceModel
-from lightning_srifty.io.calibration_io import (
-    PROTOCOLS,
+from lightning_srifty.core.profile import (
+    BatchPoint,
+    Environment,
+    Memory,
+    Profile,
+    Spread,
+    StepTimes,
+)
+from lightning_srifty.fit.calibration import (
     FitGroup,
     calibrate,
-    fit_correction,
+    calibrate_traces,
     fit_group,
-    split_rows,
+    trace_groups,
 )
-from lightning_srifty.io.traces import TraceSet, load_traces
+from lightning_srifty.fit.validation import split_rows
+from lightning_srifty.io.calibration_io import load_default_calibration
+from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
+from lightning_srifty.io.traces import Measurement, TraceSet, load_traces
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux-traces"
-# Rough published peaks (fp32 TFLOP/s, fp16 TFLOP/s, GB/s), used only to time the
-# vectorised path over several accelerator types; accuracy figures use none of them.
-TIMING_SPECS = {
-    name: GpuSpec(name, fp32, fp32, fp16, bw, mem)
-    for name, fp32, fp16, bw, mem in (
-        ("T4", 8.1, 65.0, 320.0, 16.0),
-        ("V100", 15.7, 125.0, 900.0, 16.0),
-        ("A10G", 31.2, 125.0, 600.0, 24.0),
-        ("A100", 19.5, 312.0, 1555.0, 40.0),
-        ("L4", 30.3, 121.0, 300.0, 24.0),
-    )
-}
-METHODS = ("perfect scaling", "textbook ring", "plain GBR", "srifty physics", "srifty")
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data"
+SETS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
+METHODS = ("perfect scaling", "textbook ring", "GBR (relative)", "srifty physics", "srifty")
+TEXTBOOK = PhysicsConstants(
+    tcp_efficiency=1.0,
+    tcp_flow_gbps=1e4,
+    ib_efficiency=1.0,
+    efa_efficiency=1.0,
+    nvlink_efficiency=1.0,
+    pcie_efficiency=1.0,
+    nvlink_latency_s=0.0,
+    pcie_latency_s=0.0,
+    tcp_latency_s=0.0,
+    rdma_latency_s=0.0,
+    collective_launch_s=0.0,
+    tail_fraction=1.0,
+    overlap_window=0.0,
+    step_overhead_s=0.0,
+    colocation_slowdown=0.0,
+    straggler_cv=0.0,
+)
+"""Nominal rates, no overlap, no latency, no overheads."""
+
+Errors = dict[str, dict[str, np.ndarray]]
 
 
-def _one_gpu_step(traces: TraceSet, model: str) -> dict[int, float]:
-    return {r.local_bsz: r.step_time for r in traces.single_gpu_rows(model)}
+def _one_gpu(traces: TraceSet, model: str, batches: np.ndarray) -> np.ndarray:
+    """The one-GPU step time at each local batch (interpolated between measured ones)."""
+    by: dict[int, list[float]] = {}
+    for r in traces.single_gpu_rows(model):
+        by.setdefault(r.local_bsz, []).append(r.step_time)
+    keys = sorted(by)
+    return np.interp(batches, keys, [float(np.mean(by[k])) for k in keys])
 
 
-def _simple_features(group: FitGroup) -> np.ndarray:
-    """Replicas, nodes, local batch, one-GPU step at that batch, gradient bytes."""
-    points = sorted(group.profile.batch_points, key=lambda p: p.local_batch_size)
-    t1 = np.interp(
-        group.local_batch, [p.local_batch_size for p in points], [p.step_s for p in points]
-    )
+def _relative_features(traces: TraceSet, group: FitGroup) -> np.ndarray:
     c = group.candidates
+    one = _one_gpu(traces, group.model, group.local_batch)
     return np.column_stack(
         [
-            (c.nodes * c.gpus_per_node).sum(axis=1),
-            c.nodes.sum(axis=1),
-            group.local_batch,
-            t1,
-            np.full(group.size, float(group.profile.grad_bytes)),
+            np.log((c.nodes * c.gpus_per_node).sum(axis=1)),
+            np.log(c.nodes.sum(axis=1)),
+            np.log(float(group.profile.grad_bytes) / one),
         ]
     )
 
 
-def evaluate(traces: TraceSet, protocol: str) -> dict[str, dict[str, np.ndarray]]:
+def _textbook(traces: TraceSet) -> TraceSet:
+    """The trace's hardware with its links as a textbook sees them (GPU links used)."""
+    links = traces.hardware.links
+    assert links is not None
+    hw = replace(traces.hardware, links=replace(links, isolated_gpus=False))
+    return replace(traces, hardware=hw)
+
+
+def evaluate(
+    fit_sets: Sequence[tuple[TraceSet, list[FitGroup]]],
+    target: TraceSet,
+    rows_of: Callable[[str], list[Measurement]],
+    calibration: Calibration,
+    specs: dict[str, object],
+    errors: Errors,
+) -> None:
+    """Predicts ``rows_of(model)`` of ``target`` by every method; appends errors."""
     from sklearn.ensemble import GradientBoostingRegressor
 
-    errors: dict[str, dict[str, np.ndarray]] = {m: {} for m in (*METHODS, "_interval_coverage")}
-    nominal = Calibration(
-        PhysicsConstants(tail_fraction=1.0, intra_latency_s=0.0, inter_latency_s=0.0)
+    x = np.vstack([_relative_features(t, g) for t, groups in fit_sets for g in groups if g.size])
+    y = np.concatenate(
+        [
+            np.log(g.measured_s / _one_gpu(t, g.model, g.local_batch))
+            for t, groups in fit_sets
+            for g in groups
+            if g.size
+        ]
     )
-    for held in traces.rows:
-        fit, target = split_rows(traces, held, protocol)
-        measured = np.asarray([r.step_time for r in target])
-        cal = calibrate(fit, hardware=traces.hardware.describe())
-        group = fit_group(traces, held, target)
-        predictions = {}
-        one = _one_gpu_step(traces, held)
-        keys = sorted(one)
-        predictions["perfect scaling"] = np.interp(group.local_batch, keys, [one[k] for k in keys])
-        for name, calibration in (
-            ("textbook ring", nominal),
-            ("srifty physics", replace(cal, correction=None)),
-            ("srifty", cal),
-        ):
-            model = PerformanceModel({}, calibration)
-            out = model.predict_batch(
+    gbr = GradientBoostingRegressor(random_state=0).fit(x, y)
+    physics_only = replace(calibration, correction=None)
+    textbook_target = _textbook(target)
+    for model in target.rows:
+        rows = rows_of(model)
+        if not rows:
+            continue
+        group = fit_group(target, model, rows)
+        measured = group.measured_s
+        one = _one_gpu(target, model, group.local_batch)
+        predictions = {
+            "perfect scaling": one,
+            "GBR (relative)": one * np.exp(gbr.predict(_relative_features(target, group))),
+        }
+        book = fit_group(textbook_target, model, rows)
+        out = PerformanceModel(specs, Calibration(TEXTBOOK)).predict_batch(  # type: ignore[arg-type]
+            book.profile, book.candidates, local_batch=book.local_batch
+        )
+        predictions["textbook ring"] = out.step_s
+        for name, cal in (("srifty physics", physics_only), ("srifty", calibration)):
+            model_ = PerformanceModel(specs, cal)  # type: ignore[arg-type]
+            out = model_.predict_batch(
                 group.profile, group.candidates, local_batch=group.local_batch
             )
             predictions[name] = out.step_s
             if name == "srifty":
                 inside = (out.low_s <= measured) & (measured <= out.high_s)
-                errors["_interval_coverage"][held] = inside.astype(np.float64)
-        x = np.vstack([_simple_features(g) for g in fit if g.size])
-        y = np.concatenate([g.measured_s for g in fit if g.size])
-        gbr = GradientBoostingRegressor(random_state=0).fit(np.log(x), np.log(y))
-        predictions["plain GBR"] = np.exp(gbr.predict(np.log(_simple_features(group))))
+                errors.setdefault("_coverage", {})[model] = inside.astype(float)
         for name, pred in predictions.items():
-            errors[name][held] = np.abs(pred - measured) / measured
-    return errors
+            errors.setdefault(name, {})[model] = np.abs(pred - measured) / measured
 
 
-def print_table(protocol: str, errors: dict[str, dict[str, np.ndarray]]) -> None:
-    models = list(next(iter(errors.values())))
-    print(f"\n=== protocol {protocol}: median / p90 absolute % error ===")
-    print(f"{'method':<16}" + "".join(f"{m:>16}" for m in [*models, "overall"]))
+def print_table(title: str, errors: Errors) -> dict[str, tuple[float, float]]:
+    models = list(errors["srifty"])
+    print(f"\n=== {title}: median / p90 absolute % error ===")
+    print(f"{'method':<16}" + "".join(f"{m[:11]:>14}" for m in [*models, "pooled"]))
+    pooled = {}
     for method in METHODS:
         cells = []
         for m in models:
             e = errors[method][m]
-            cells.append(f"{100 * np.median(e):6.1f} /{100 * np.quantile(e, 0.9):6.1f}")
+            cells.append(f"{100 * np.median(e):5.1f} /{100 * np.quantile(e, 0.9):5.1f}")
         every = np.concatenate([errors[method][m] for m in models])
-        cells.append(f"{100 * np.median(every):6.1f} /{100 * np.quantile(every, 0.9):6.1f}")
-        print(f"{method:<16}" + "".join(f"{c:>16}" for c in cells))
+        pooled[method] = (float(np.median(every)), float(np.quantile(every, 0.9)))
+        cells.append(f"{100 * pooled[method][0]:5.1f} /{100 * pooled[method][1]:5.1f}")
+        print(f"{method:<16}" + "".join(f"{c:>14}" for c in cells))
+    inside = np.concatenate(list(errors["_coverage"].values()))
+    print(f"srifty 10-90 % interval holds {100 * np.mean(inside):.0f} % of the rows")
+    return pooled
 
 
-def time_predict_batch(traces: TraceSet, n: int = 500_000) -> None:
+def unseen_hardware(
+    sets: dict[str, TraceSet], specs: dict[str, object], learned: bool
+) -> dict[str, tuple[float, float]]:
+    summary = {}
+    for held in sets:
+        start = time.perf_counter()
+        others = [(n, t) for n, t in sets.items() if n != held]
+        cal = calibrate_traces(others, gpu_specs=specs, learned=learned)  # type: ignore[arg-type]
+        fit_sets = [(t, trace_groups(t)) for _, t in others]
+        errors: Errors = {}
+        target = sets[held]
+        evaluate(
+            fit_sets,
+            target,
+            lambda m, t=target: [r for r in t.rows[m] if r.replicas > 1],
+            cal,
+            specs,
+            errors,
+        )
+        pooled = print_table(
+            f"unseen hardware: {held} ({target.hardware.describe()}), calibrated on "
+            f"{', '.join(n for n, _ in others)} [{time.perf_counter() - start:.0f} s]",
+            errors,
+        )
+        summary[held] = pooled["srifty"]
+    return summary
+
+
+def same_hardware(name: str, traces: TraceSet, specs: dict[str, object], protocol: str) -> None:
+    errors: Errors = {}
+    start = time.perf_counter()
+    for held in traces.rows:
+        fit, target = split_rows(traces, held, protocol)
+        if not target:
+            continue
+        cal = calibrate(fit, hardware=traces.hardware.describe(), gpu_specs=specs)  # type: ignore[arg-type]
+        one_set = replace(traces, rows={held: traces.rows[held]})
+        evaluate([(traces, fit)], one_set, lambda m, t=tuple(target): list(t), cal, specs, errors)
+    print_table(f"{protocol} on {name} [{time.perf_counter() - start:.0f} s]", errors)
+
+
+def link_floor(specs: dict[str, object]) -> None:
+    """Two nodes of every trainable type all-reducing 256 MB under the default."""
+    catalog = load_catalog("bundled")
+    model = PerformanceModel(specs, load_default_calibration())  # type: ignore[arg-type]
+    size = 256 * 1024**2
+
+    worst: list[tuple[float, str, float, float, float]] = []
+    seen = set()
+    for offer in catalog.gpu_offers():
+        if offer.instance_type in seen:
+            continue
+        seen.add(offer.instance_type)
+        acc = offer.accelerator
+        profile = Profile(
+            kind="coarse",
+            environment=Environment("NVIDIA " + acc, acc, 1, 1, 1, "32-true", 8, "", ""),
+            steps=StepTimes(Spread(0.5, 0.5, 0.5, 10), 0, 0, 0, 0, 0, 10),
+            grad_bytes=size,
+            flops_per_step=0.0,
+            memory=Memory(0, 0, 0, 0, 0, "unknown"),
+            batch_points=(BatchPoint(8, 0.5, 0.5),),
+        )
+        cluster = Cluster((ClusterGroup(offer, 2, offer.accelerator_count),))
+        pred = model.predict(profile, cluster)
+        p = cluster.world_size
+        bus = 2 * (p - 1) / p * size * 8 / pred.allreduce_s / 1e9
+        algorithm = size * 8 / pred.allreduce_s / 1e9
+        links = offer.node_links
+        cap = links.flow_cap_gbps if math.isfinite(links.flow_cap_gbps) else AWS_FLOW_CAP_GBPS
+        floor = 0.3 * min(offer.network_gbps, AWS_FLOW_CAP_GBPS, cap)
+        worst.append((bus / floor, offer.instance_type, bus, algorithm, floor))
+    worst.sort()
+    print("\n=== links: 2 nodes all-reducing 256 MB under the default calibration ===")
+    print(f"{'type':<18}{'per-node Gbps':>14}{'S/T Gbps':>10}{'floor':>8}{'ratio':>7}")
+    for ratio, name, bus, algorithm, floor in worst[:8] + worst[-3:]:
+        print(f"{name:<18}{bus:14.2f}{algorithm:10.2f}{floor:8.2f}{ratio:7.1f}")
+    below = [w for w in worst if w[0] < 1.0]
+    print(
+        f"{len(worst)} instance types; {len(below)} below the floor (per-node rate); "
+        f"{sum(1 for w in worst if w[3] < w[4])} below it counting S/T"
+    )
+
+
+def time_predict_batch(traces: TraceSet, specs: dict[str, object], n: int = 500_000) -> None:
     rng = np.random.default_rng(0)
+    catalog = load_catalog("bundled")
+    offers = list({o.instance_type: o for o in catalog.gpu_offers()}.values())
     width = 3
-    names = np.array(list(TIMING_SPECS), dtype=object)
+    picks = rng.integers(0, len(offers), size=(n, width))
+    clusters_links = [o.node_links for o in offers]
     cands = CandidateArrays(
-        accelerator=names[rng.integers(0, len(names), size=(n, width))],
-        gpus_per_node=rng.choice([1, 4, 8], size=(n, width)),
+        accelerator=np.array([o.accelerator for o in offers], dtype=object)[picks],
+        gpus_per_node=np.array([o.accelerator_count for o in offers])[picks],
         nodes=np.where(rng.random((n, width)) < 0.5, rng.integers(1, 9, (n, width)), 0),
-        nvlink=rng.random((n, width)) < 0.3,
-        network_gbps=rng.choice([25.0, 50.0, 100.0, 400.0], size=(n, width)),
-        gpu_memory_gib=rng.choice([16.0, 24.0, 40.0, 80.0], size=(n, width)),
+        link_index=picks,
+        gpu_memory_gib=np.array([o.gpu_memory_gib for o in offers])[picks],
+        links=tuple(clusters_links),
     )
     cands.nodes[:, 0] = np.maximum(cands.nodes[:, 0], 1)
     model_name = next(iter(traces.rows))
     group = fit_group(traces, model_name, [r for r in traces.rows[model_name] if r.replicas > 1])
-    cal = calibrate([group], learned=False)
-    # time the tree path too, whether or not a calibration would keep the trees
-    trees = fit_correction([group], cal.physics, require_transfer=False)
-    cal = replace(cal, correction=trees)
+    model = PerformanceModel(specs, load_default_calibration())  # type: ignore[arg-type]
     text = replace(cands, accelerator=cands.accelerator.astype(str))
-    for label, calibration in (("no calibration", None), ("calibrated + trees", cal)):
-        model = PerformanceModel(TIMING_SPECS, calibration)
-        for kind, arrays in (("object", cands), ("str", text)):
-            model.predict_batch(group.profile, arrays)
-            start = time.perf_counter()
-            out = model.predict_batch(group.profile, arrays)
-            took = time.perf_counter() - start
-            print(
-                f"predict_batch, {n:,} candidates x {width} groups, {len(names)} GPU types, "
-                f"{kind} accelerator column, {label}: {took:.3f} s "
-                f"({np.isfinite(out.step_s).mean():.0%} finite)"
-            )
+    for kind, arrays in (("object", cands), ("str", text)):
+        model.predict_batch(group.profile, arrays)
+        start = time.perf_counter()
+        out = model.predict_batch(group.profile, arrays)
+        took = time.perf_counter() - start
+        print(
+            f"predict_batch, {n:,} candidates x {width} groups, {len(offers)} instance types, "
+            f"{kind} accelerator column, default calibration: {took:.3f} s "
+            f"({np.isfinite(out.step_s).mean():.0%} finite)"
+        )
 
 
 def main() -> None:
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_TRACES
-    traces = load_traces(folder)
-    print(f"traces: {folder} ({traces.hardware.describe()})")
-    for protocol in PROTOCOLS:
-        start = time.perf_counter()
-        errors = evaluate(traces, protocol)
-        print_table(protocol, errors)
-        inside = np.concatenate(list(errors["_interval_coverage"].values()))
-        print(f"srifty 10-90% interval holds {100 * np.mean(inside):.0f}% of held-out rows")
-        print(f"({time.perf_counter() - start:.0f} s)")
-    time_predict_batch(traces)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_ROOT)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    specs: dict[str, object] = dict(load_gpu_specs())
+    sets = {name: load_traces(args.data_root / name) for name in SETS}
+    for name, t in sets.items():
+        assert t.hardware.links is not None
+        print(f"{name}: {t.hardware.describe()}; links {t.hardware.links.describe()}")
+    summary = unseen_hardware(sets, specs, learned=not args.quick)
+    print("\n=== unseen hardware, srifty (targets: median <= 10 %, p90 <= 25 % each) ===")
+    for name, (median, p90) in summary.items():
+        verdict = "met" if median <= 0.10 and p90 <= 0.25 else "missed"
+        print(f"{name:<22} median {100 * median:5.1f} %  p90 {100 * p90:5.1f} %  {verdict}")
+    if not args.quick:
+        for name, traces in sets.items():
+            protocols = ("lomo", "scale-out") if traces.hardware.nodes > 1 else ("lomo",)
+            for protocol in protocols:
+                same_hardware(name, traces, specs, protocol)
+    link_floor(specs)
+    time_predict_batch(sets[SETS[0]], specs)
 
 
 if __name__ == "__main__":

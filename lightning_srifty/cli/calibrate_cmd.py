@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from lightning_srifty.core.errors import ConfigError
 
@@ -12,9 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "calibrate",
         help="fit the performance model to measured multi-GPU step times",
-        description="Fits per-hardware constants (bandwidths, latencies, overlap), each "
-        "calibrated job's own overlap and co-location terms, and a learned correction "
-        "(kept only if it helps jobs it was not fitted on); writes a versioned JSON.",
+        description="Fits the hardware constants (one efficiency and latency per transport, "
+        "fixed per-step costs, overlap), each calibrated job's own overlap and co-location "
+        "terms, and a learned correction (kept only if it helps jobs it was not fitted on); "
+        "writes a versioned JSON and prints how it differs from the shipped default.",
     )
     p.add_argument("--traces", action="append", default=[], metavar="DIR",
                    help="Pollux-format trace folder (repeatable)")  # fmt: skip
@@ -23,33 +26,54 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", required=True, help="where to write the calibration JSON")
     p.add_argument("--no-learned", action="store_true",
                    help="fit the physics constants only (no boosted-tree correction)")  # fmt: skip
+    p.add_argument(
+        "--data-root",
+        metavar="DIR",
+        help="record trace folders by their path below DIR (provenance names)",
+    )
     p.set_defaults(func=run)
 
 
+def source_name(folder: str, data_root: str | None) -> str:
+    """A trace folder's provenance name: its path below ``data_root`` if it is under it."""
+    path = Path(folder).resolve()
+    if data_root:
+        try:
+            return path.relative_to(Path(data_root).resolve()).as_posix()
+        except ValueError:
+            pass
+    return os.path.normpath(folder)
+
+
 def run(args: argparse.Namespace) -> int:
-    from lightning_srifty.io.calibration_io import (
+    from lightning_srifty.fit.calibration import (
         calibrate,
-        fit_group,
         profile_fit_groups,
-        save_calibration,
+        trace_groups,
+        trace_source,
     )
+    from lightning_srifty.io.calibration_io import load_default_calibration, save_calibration
     from lightning_srifty.io.traces import load_traces
 
     if not args.traces and not args.profiles:
         raise ConfigError("give at least one --traces DIR or --profiles P.json")
     groups = []
     hardware = []
+    sources = []
     for folder in args.traces:
         traces = load_traces(folder)
         hardware.append(traces.hardware.describe())
-        for model, rows in traces.rows.items():
-            groups.append(fit_group(traces, model, [r for r in rows if r.replicas > 1]))
+        groups.extend(trace_groups(traces))
+        sources.append(trace_source(traces, source_name(folder, args.data_root)))
     if args.profiles:
         extra, described = profile_fit_groups(args.profiles)
         groups.extend(extra)
         hardware.extend(described)
     calibration = calibrate(
-        groups, hardware="; ".join(dict.fromkeys(hardware)), learned=not args.no_learned
+        groups,
+        hardware="; ".join(dict.fromkeys(hardware)),
+        learned=not args.no_learned,
+        sources=sources,
     )
     path = save_calibration(calibration, args.out)
     m = calibration.metrics
@@ -62,4 +86,18 @@ def run(args: argparse.Namespace) -> int:
         f"(p90 {100 * m['unseen_job_p90_ape']:.1f}%) scored as unseen jobs; learned "
         f"correction {trees}; wrote {path}"
     )
+    print(differences(load_default_calibration().physics.to_json(), calibration.physics.to_json()))
     return 0
+
+
+def differences(default: dict[str, object], fitted: dict[str, object]) -> str:
+    """One line per constant: the shipped default, the new value and their ratio."""
+    lines = ["constant                 default      this fit     ratio"]
+    for name, new in fitted.items():
+        old = default.get(name)
+        if isinstance(new, float) and isinstance(old, float):
+            ratio = f"{new / old:8.2f}x" if old else "       -"
+            lines.append(f"{name:22s} {old:11.4g}  {new:11.4g}  {ratio}")
+        else:
+            lines.append(f"{name:22s} {old!s:>11}  {new!s:>11}")
+    return "\n".join(lines)

@@ -74,7 +74,10 @@ def add_planning_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=0.9,
                    help="least probability a spot plan meets the deadline (0.9)")  # fmt: skip
     p.add_argument("--catalog", default="auto", help=f"one of {', '.join(CATALOG_SOURCES)}")
-    p.add_argument("--calibration", help="calibration JSON from `srifty calibrate`")
+    p.add_argument(
+        "--calibration",
+        help="calibration JSON from `srifty calibrate` (default: the shipped one)",
+    )
     p.add_argument("--cluster", metavar="TYPE:N[,TYPE:N]",
                    help="pin the cluster shape: no search, priced per zone")  # fmt: skip
 
@@ -131,7 +134,7 @@ def plan_from_args(
 ) -> tuple[PlanResult, PlanRequest]:
     """Everything ``srifty plan`` computes; ``offers``/``gpu_specs`` replace the catalog."""
     from lightning_srifty.core.perfmodel import PerformanceModel
-    from lightning_srifty.io.calibration_io import load_calibration
+    from lightning_srifty.io.calibration_io import calibration_or_default
     from lightning_srifty.io.profile_io import load_profile
 
     request = request_from_args(args)
@@ -140,7 +143,7 @@ def plan_from_args(
 
         _pyplot()  # fail before the work when matplotlib is missing
     profile = load_profile(args.profile)
-    calibration = load_calibration(args.calibration) if args.calibration else None
+    calibration = calibration_or_default(args.calibration)
     if offers is None:
         offers, specs = load_offers(args.catalog, profile.environment.accelerator)
     else:

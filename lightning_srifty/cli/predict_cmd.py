@@ -33,7 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--local-bsz", type=int, help="samples per GPU per step")
     batch.add_argument("--global-bsz", type=int, help="samples per step, split by speed")
-    p.add_argument("--calibration", help="calibration JSON from `srifty calibrate`")
+    p.add_argument(
+        "--calibration",
+        help="calibration JSON from `srifty calibrate` (default: the one shipped, fitted on "
+        "every shared trace set)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -47,7 +51,7 @@ def _parse_cluster_flag(text: str) -> tuple[str, int]:
 
 def _catalog_offer(instance_type: str) -> tuple[Offer, dict[str, GpuSpec]]:
     """Looks the instance type up in the catalog (loaded lazily: it reads files)."""
-    from lightning_srifty.io.calibration_io import optional_catalog_io
+    from lightning_srifty.fit.calibration import optional_catalog_io
 
     catalog_io = optional_catalog_io()
     if catalog_io is None:
@@ -60,7 +64,7 @@ def _catalog_offer(instance_type: str) -> tuple[Offer, dict[str, GpuSpec]]:
 
 
 def _gpu_specs() -> dict[str, GpuSpec]:
-    from lightning_srifty.io.calibration_io import optional_catalog_io
+    from lightning_srifty.fit.calibration import optional_catalog_io
 
     catalog_io = optional_catalog_io()
     return {} if catalog_io is None else dict(catalog_io.load_gpu_specs())
@@ -103,7 +107,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[Profile, Offer | None, dict[
 
 def predict_from_args(args: argparse.Namespace) -> tuple[Prediction, Cluster, Profile]:
     """Everything ``srifty predict`` computes, for the CLI and for tests."""
-    from lightning_srifty.io.calibration_io import load_calibration
+    from lightning_srifty.io.calibration_io import calibration_or_default
 
     profile, trace_offer, specs = _load_inputs(args)
     placement = parse_placement(args.placement) if args.placement else None
@@ -121,7 +125,7 @@ def predict_from_args(args: argparse.Namespace) -> tuple[Prediction, Cluster, Pr
     else:
         raise ConfigError("--cluster TYPE:N is required with --profile")
     cluster = build_cluster(offer, nodes, placement)
-    calibration = load_calibration(args.calibration) if args.calibration else None
+    calibration = calibration_or_default(args.calibration)
     for flag in ("local_bsz", "global_bsz"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -148,7 +152,14 @@ def prediction_dict(prediction: Prediction, cluster: Cluster, profile: Profile) 
         "global_batch": prediction.global_batch,
         "memory_gib_per_gpu": list(prediction.memory_gib),
         "fits": prediction.fits,
+        "links": [g.offer.node_links.describe() for g in cluster.groups],
+        "effective_intra_gbytes_s": _finite(prediction.intra_bytes_s / 1e9),
+        "effective_network_gbps": _finite(prediction.inter_bytes_s * 8 / 1e9),
     }
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,5 +182,14 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("local batch per group", ", ".join(str(b) for b in prediction.local_batch))
     table.add_row("global batch", str(prediction.global_batch))
     table.add_row("GPUs", str(cluster.world_size))
+    if data["effective_network_gbps"] is not None and cluster.nodes > 1:
+        table.add_row("network (effective)", f"{data['effective_network_gbps']:.2f} Gbps")
+    if (
+        data["effective_intra_gbytes_s"] is not None
+        and max(g.gpus_per_node for g in cluster.groups) > 1
+    ):
+        table.add_row("GPU link (effective)", f"{data['effective_intra_gbytes_s']:.1f} GB/s")
+    for text in dict.fromkeys(data["links"]):
+        table.add_row("links", text)
     Console().print(table)
     return 0

@@ -15,12 +15,16 @@ the hardware constants describe the typical job rather than absorbing one job's
 quirks, and a job whose own multi-GPU rows were in the calibration keeps its own
 values (:class:`JobTerms`). A job never seen gets the hardware values.
 
-Efficiencies are stored relative to the nominal figures (link type, NIC Gbps) so they
-stay meaningful when a candidate has a different NIC than the calibration cluster.
+Bandwidths are efficiencies per transport over absolute physical rates
+(:mod:`lightning_srifty.core.links`), never fractions of one cluster's NIC, so they
+stay meaningful on instance types the calibration has never seen. A calibration also
+records which hardware it was fitted on (:class:`FitSource`), so that a validation can
+refit it without one kind of hardware and predict that hardware as unseen.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,8 +32,31 @@ from lightning_srifty.core.errors import CalibrationError
 from lightning_srifty.core.trees import TreeEnsemble
 from lightning_srifty.core.validate import Reader, check_version
 
-CALIBRATION_SCHEMA_VERSION = 2
+CALIBRATION_SCHEMA_VERSION = 3
 INTER_ALGORITHMS = ("ring", "tree")
+EFFICIENCIES = (
+    "tcp_efficiency",
+    "efa_efficiency",
+    "ib_efficiency",
+    "nvlink_efficiency",
+    "pcie_efficiency",
+)
+SHARES = ("tail_fraction", "overlap_window")
+NUMERIC_CONSTANTS = (
+    *EFFICIENCIES,
+    "tcp_flow_gbps",
+    "tcp_two_way_slowdown",
+    "nvlink_latency_s",
+    "pcie_latency_s",
+    "tcp_latency_s",
+    "rdma_latency_s",
+    "collective_launch_s",
+    *SHARES,
+    "step_overhead_s",
+    "colocation_slowdown",
+    "straggler_cv",
+)
+"""Every numeric field of :class:`PhysicsConstants`, in a fixed order."""
 
 FEATURE_NAMES = (
     "log_replicas",
@@ -46,11 +73,17 @@ residual and fail on the next model."""
 
 @dataclass(frozen=True)
 class PhysicsConstants:
-    """Hardware-level constants of the analytic model.
+    """Hardware-level constants of the analytic model, in units that transfer.
 
-    The defaults are what the model assumes with no calibration at all: nominal link
-    bandwidths, NCCL-like per-hop latencies (a few microseconds inside a node, tens
-    across a TCP network), a moderate overlap and no extra overhead.
+    Bandwidth constants are *efficiencies per transport*: the share of the physical
+    rate (:mod:`lightning_srifty.core.links`) that NCCL achieves over NVLink, PCIe,
+    TCP sockets, EFA or InfiniBand. They mean the same on every instance type that
+    uses the transport, so a fit on one cluster moves to another; a transport that no
+    fitted row used keeps its default, the published figure named in
+    :mod:`lightning_srifty.fit.calibration`. Latencies are per ring hop, per transport.
+    Fixed per-step costs of data parallelism are explicit: ``collective_launch_s``
+    per bucket (NCCL call, DDP bucket bookkeeping, hooks) and ``step_overhead_s`` per
+    step, so small latency-bound jobs come out right too.
 
     Overlap of a coarse profile (no per-layer timings) follows a fluid model of DDP's
     bucketed all-reduce: a share ``tail_fraction`` of the gradient bytes is ready only
@@ -60,27 +93,46 @@ class PhysicsConstants:
     seconds and a backward of ``B`` (:func:`~lightning_srifty.core.comm.exposed_allreduce_s`).
     """
 
-    intra_bw_efficiency: float = 1.0
-    """Effective over nominal intra-node (NVLink/PCIe) bandwidth."""
-    intra_latency_s: float = 10e-6
-    """Latency per ring hop and per bucket inside a node."""
-    inter_bw_efficiency: float = 1.0
-    """Effective over nominal inter-node (NIC Gbps) bandwidth."""
-    inter_latency_s: float = 50e-6
-    """Latency per ring hop and per bucket across nodes."""
+    tcp_efficiency: float = 0.7
+    """Achieved over physical rate for NCCL's socket transport (``min(NIC, flows x
+    min(per-flow cap, tcp_flow_gbps))``)."""
+    tcp_flow_gbps: float = 10.0
+    """What one TCP socket driven by one NCCL thread carries at most (Gbit/s): the
+    CPU-bound rate of a single stream."""
+    tcp_two_way_slowdown: float = 1.0
+    """Slowdown of a tunnelled TCP ring that crosses exactly two nodes. A tunnel makes
+    all traffic from one host to the other a single capped flow, so with two nodes the
+    ACKs of A's data to B queue in the same capped flow as B's data to A (two-way
+    traffic: Zhang, Shenker & Clark, SIGCOMM '91); with three or more nodes each host
+    pair carries data one way only and ACKs return in an idle flow. Untunnelled
+    sockets return ACKs in flows of their own, and RDMA has no ACK clock."""
+    efa_efficiency: float = 0.8
+    """Achieved over the EFA interface rate (libfabric, aws-ofi-nccl)."""
+    ib_efficiency: float = 0.9
+    """Achieved over the InfiniBand HCA rate (verbs, GPUDirect RDMA)."""
+    nvlink_efficiency: float = 0.75
+    """Achieved over the per-GPU NVLink rate (direct mesh or NVSwitch)."""
+    pcie_efficiency: float = 0.6
+    """Achieved over the x16 PCIe rate for GPU-to-GPU rings (P2P or through the host)."""
+    nvlink_latency_s: float = 2e-6
+    """Latency per ring hop inside a node over NVLink."""
+    pcie_latency_s: float = 5e-6
+    """Latency per ring hop inside a node over PCIe (or through host memory)."""
+    tcp_latency_s: float = 50e-6
+    """Latency per ring hop across nodes over TCP sockets."""
+    rdma_latency_s: float = 10e-6
+    """Latency per ring hop across nodes over EFA or InfiniBand."""
+    collective_launch_s: float = 50e-6
+    """Fixed cost of one bucket's all-reduce on the communication stream (NCCL kernel
+    launch, DDP's bucket bookkeeping and communication hooks)."""
     tail_fraction: float = 0.25
     """Share of the all-reduce that cannot overlap backward (gradients ready only at its
     end): what stays exposed when the network is faster than backward. 1 = no overlap."""
     overlap_window: float = 0.75
     """Share of backward during which the other gradients become ready and stream out."""
-    two_node_factor: float = 1.0
-    """Multiplier on the all-reduce time when exactly two nodes take part. Some stacks
-    run a two-node ring markedly slower per byte than larger rings (on the Pollux T4
-    cluster by about 1.5x, in every model alike; NCCL choosing another algorithm or
-    fewer channels for two nodes is the likely cause). 1 = no such effect; the fit
-    leaves it at 1 when the calibration has no two-node rows."""
-    step_overhead_s: float = 0.0
-    """Fixed per-step cost of synchronous data parallelism (hooks, launches)."""
+    step_overhead_s: float = 1e-3
+    """Fixed per-step cost of synchronous data parallelism (DDP's reducer preparing and
+    finalising the step), paid by every multi-GPU step."""
     colocation_slowdown: float = 0.0
     """Compute slowdown per extra GPU sharing a node (host PCIe, CPU, data loading)."""
     inter_algorithm: str = "ring"
@@ -90,19 +142,25 @@ class PhysicsConstants:
     """Coefficient of variation of per-GPU step time; a synchronous step waits for the
     slowest of ``p`` workers, ``mean·(1 + cv·E[max of p standard normals])``."""
 
+    def inter_efficiencies(self) -> tuple[float, float, float]:
+        """Efficiencies in :data:`~lightning_srifty.core.links.TRANSPORTS` order."""
+        return (self.tcp_efficiency, self.efa_efficiency, self.ib_efficiency)
+
+    def intra_efficiencies(self) -> tuple[float, float, float, float]:
+        """Efficiencies in :data:`~lightning_srifty.core.links.INTERCONNECTS` order."""
+        return (self.nvlink_efficiency, self.nvlink_efficiency, self.pcie_efficiency, 1.0)
+
+    def intra_latencies(self) -> tuple[float, float, float, float]:
+        """Per-hop latency in :data:`~lightning_srifty.core.links.INTERCONNECTS` order."""
+        return (self.nvlink_latency_s, self.nvlink_latency_s, self.pcie_latency_s, 0.0)
+
+    def inter_latencies(self) -> tuple[float, float, float]:
+        """Per-hop latency in :data:`~lightning_srifty.core.links.TRANSPORTS` order."""
+        return (self.tcp_latency_s, self.rdma_latency_s, self.rdma_latency_s)
+
     def to_dict(self) -> dict[str, float]:
-        return {
-            "intra_bw_efficiency": self.intra_bw_efficiency,
-            "intra_latency_s": self.intra_latency_s,
-            "inter_bw_efficiency": self.inter_bw_efficiency,
-            "inter_latency_s": self.inter_latency_s,
-            "tail_fraction": self.tail_fraction,
-            "overlap_window": self.overlap_window,
-            "two_node_factor": self.two_node_factor,
-            "step_overhead_s": self.step_overhead_s,
-            "colocation_slowdown": self.colocation_slowdown,
-            "straggler_cv": self.straggler_cv,
-        }
+        """The numeric constants (what the fit moves)."""
+        return {name: float(getattr(self, name)) for name in NUMERIC_CONSTANTS}
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: the numbers plus the algorithm name."""
@@ -110,24 +168,22 @@ class PhysicsConstants:
 
     @staticmethod
     def from_reader(r: Reader) -> PhysicsConstants:
-        constants = PhysicsConstants(
-            intra_bw_efficiency=r.float("intra_bw_efficiency", positive=True),
-            intra_latency_s=r.float("intra_latency_s", minimum=0.0),
-            inter_bw_efficiency=r.float("inter_bw_efficiency", positive=True),
-            inter_latency_s=r.float("inter_latency_s", minimum=0.0),
-            tail_fraction=r.float("tail_fraction", positive=True),
-            overlap_window=r.float("overlap_window", minimum=0.0),
-            two_node_factor=r.float("two_node_factor", 1.0, positive=True),
-            step_overhead_s=r.float("step_overhead_s", minimum=0.0),
-            colocation_slowdown=r.float("colocation_slowdown", 0.0, minimum=0.0),
-            straggler_cv=r.float("straggler_cv", 0.0, minimum=0.0),
-            inter_algorithm=r.choice("inter_algorithm", INTER_ALGORITHMS, "ring"),
-        )
-        for key in ("tail_fraction", "overlap_window"):
-            value = getattr(constants, key)
-            if value > 1.0:
-                raise r.fail(key, f"is a share and must be in [0, 1], got {value}")
-        return constants
+        values: dict[str, Any] = {}
+        for name in NUMERIC_CONSTANTS:
+            if name in SHARES:
+                values[name] = r.float(name, minimum=0.0)
+                if values[name] > 1.0:
+                    raise r.fail(name, f"is a share and must be in [0, 1], got {values[name]}")
+            elif name in EFFICIENCIES:
+                values[name] = r.float(name, positive=True)
+                if values[name] > 2.0:
+                    raise r.fail(
+                        name, f"is an efficiency and must be in (0, 2], got {values[name]}"
+                    )
+            else:
+                values[name] = r.float(name, minimum=0.0)
+        values["inter_algorithm"] = r.choice("inter_algorithm", INTER_ALGORITHMS, "ring")
+        return PhysicsConstants(**values)
 
     def for_job(self, job: JobTerms | None) -> PhysicsConstants:
         """These constants with a job's own measured terms substituted (if any)."""
@@ -145,12 +201,15 @@ class PhysicsConstants:
 class JobTerms:
     """One job's own overlap and co-location terms, fitted from its own multi-GPU rows.
 
-    They are physical properties of the job on this hardware, not corrections: where
-    in backward its gradients become ready, and how much its compute slows when GPUs
-    share a node (its data loading may saturate the host CPUs). A short single-node
-    multi-GPU run measures ``tail_fraction`` and ``colocation_slowdown``;
-    ``overlap_window`` shows only once the all-reduce outlasts backward (across
-    nodes), so a job without such rows keeps the hardware value.
+    They are physical properties of the job, not corrections: where in backward its
+    gradients become ready (``tail_fraction``, ``overlap_window``: properties of the
+    network's layer order, the same on any hardware) and how much its compute slows
+    when GPUs share a node (``colocation_slowdown``: its data loading against the
+    host's CPUs, a property of the job *on that host*, hence keyed by
+    ``instance_type``). A short single-node multi-GPU run measures ``tail_fraction``
+    and ``colocation_slowdown``; ``overlap_window`` shows only once the all-reduce
+    outlasts backward (across nodes), so a job without such rows keeps the hardware
+    value.
     """
 
     name: str
@@ -159,10 +218,13 @@ class JobTerms:
     colocation_slowdown: float
     rows: int = 0
     """How many of the job's rows the terms were fitted on."""
+    instance_type: str = ""
+    """The hardware the co-location term was measured on (the profile's instance type)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "instance_type": self.instance_type,
             "tail_fraction": self.tail_fraction,
             "overlap_window": self.overlap_window,
             "colocation_slowdown": self.colocation_slowdown,
@@ -177,6 +239,7 @@ class JobTerms:
             overlap_window=r.float("overlap_window", minimum=0.0),
             colocation_slowdown=r.float("colocation_slowdown", minimum=0.0),
             rows=r.int("rows", 0, minimum=0),
+            instance_type=r.str("instance_type", ""),
         )
         for key in ("tail_fraction", "overlap_window"):
             if getattr(terms, key) > 1.0:
@@ -227,6 +290,59 @@ class Correction:
 
 
 @dataclass(frozen=True)
+class FitSource:
+    """One set of measurements a calibration was fitted on."""
+
+    name: str
+    """Short name, e.g. the trace folder's path below the data root (``sia-traces/quad``)."""
+    hardware: str
+    """Human description of the cluster."""
+    fingerprint: str
+    """Stable digest of the hardware facts (see :func:`hardware_fingerprint`): two trace
+    folders measured on the same hardware share it."""
+    models: tuple[str, ...] = ()
+    rows: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hardware": self.hardware,
+            "fingerprint": self.fingerprint,
+            "models": list(self.models),
+            "rows": self.rows,
+        }
+
+    @staticmethod
+    def from_reader(r: Reader) -> FitSource:
+        models = r.raw("models", [])
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise r.fail("models", "expected a list of model names")
+        return FitSource(
+            name=r.str("name"),
+            hardware=r.str("hardware", ""),
+            fingerprint=r.str("fingerprint"),
+            models=tuple(models),
+            rows=r.int("rows", 0, minimum=0),
+        )
+
+
+def hardware_fingerprint(facts: dict[str, Any]) -> str:
+    """Order-independent digest of hardware facts (GPU, counts, links, network).
+
+    Free-text notes are left out, so rewording a ``hardware.json`` note does not make
+    the same cluster look new.
+    """
+    import hashlib
+    import json
+
+    keys = ("gpu", "gpu_memory_gib", "gpus_per_node", "intra_node_link", "inter_node_gbps")
+    canonical = {k: facts.get(k) for k in keys}
+    canonical = {k: (float(v) if isinstance(v, int | float) else v) for k, v in canonical.items()}
+    text = json.dumps(canonical, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Everything ``srifty calibrate`` learned about one kind of hardware."""
 
@@ -247,18 +363,35 @@ class Calibration:
     fitted_on: tuple[str, ...] = ()
     """Names of the training models whose rows entered the fit."""
     rows: int = 0
+    sources: tuple[FitSource, ...] = ()
+    """The measurement sets (one per kind of hardware) the fit used: the provenance."""
     metrics: dict[str, float] = field(default_factory=dict, compare=False)
     schema_version: int = CALIBRATION_SCHEMA_VERSION
 
-    def job(self, name: str | None) -> JobTerms | None:
-        """The fitted terms of job ``name``, or ``None`` if its rows were not in the fit."""
+    def job(self, name: str | None, instance_type: str | None = None) -> JobTerms | None:
+        """Job ``name``'s terms, ``None`` if its rows were not in the fit.
+
+        Its overlap terms are the job's wherever they were measured; its co-location
+        term only where ``instance_type`` matches the hardware it was measured on
+        (elsewhere the hardware value stands in).
+        """
         if not name:
             return None
-        return next((j for j in self.jobs if j.name == name), None)
+        mine = [j for j in self.jobs if j.name == name]
+        if not mine:
+            return None
+        here = next((j for j in mine if instance_type and j.instance_type == instance_type), None)
+        if here is not None:
+            return here
+        # a job measured elsewhere: its data loading is the same, the host is not; the
+        # geometric mean of where it was measured is the best guess
+        coloc = [max(j.colocation_slowdown, 1e-9) for j in mine]
+        mean = math.exp(sum(math.log(c) for c in coloc) / len(coloc))
+        return replace(mine[0], colocation_slowdown=mean, instance_type="")
 
-    def physics_for(self, name: str | None) -> PhysicsConstants:
+    def physics_for(self, name: str | None, instance_type: str | None = None) -> PhysicsConstants:
         """Hardware constants, with job ``name``'s own terms where the fit has them."""
-        return self.physics.for_job(self.job(name))
+        return self.physics.for_job(self.job(name, instance_type))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -267,6 +400,7 @@ class Calibration:
             "hardware": self.hardware,
             "fitted_on": list(self.fitted_on),
             "rows": self.rows,
+            "sources": [x.to_dict() for x in self.sources],
             "physics": self.physics.to_json(),
             "jobs": [j.to_dict() for j in self.jobs],
             "residual_low": self.residual_low,
@@ -285,8 +419,8 @@ class Calibration:
             raise r.fail(
                 "schema_version",
                 f"calibration schema version {version} was written by an older "
-                "lightning-srifty whose overlap model (Pollux exponent) this one no longer "
-                "uses; re-run srifty calibrate on the same measurements",
+                "lightning-srifty whose link constants (fractions of one cluster's NIC) "
+                "this one no longer uses; re-run srifty calibrate on the same measurements",
             )
         if r.raw("kind", "srifty-calibration") != "srifty-calibration":
             raise r.fail("kind", "must be 'srifty-calibration' (is this a profile or a plan?)")
@@ -313,6 +447,7 @@ class Calibration:
             hardware=r.str("hardware", ""),
             fitted_on=tuple(fitted),
             rows=r.int("rows", 0, minimum=0),
+            sources=tuple(FitSource.from_reader(x) for x in r.children("sources", [])),
             metrics={str(k): float(v) for k, v in metrics.items()},
             schema_version=version,
         )

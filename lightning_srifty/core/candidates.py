@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_srifty.core.cluster import Cluster
+from lightning_srifty.core.links import LinkColumns, NodeLinks
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,16 @@ class CandidateArrays:
     """int: accelerators used on each node of the group."""
     nodes: np.ndarray
     """int: nodes in the group; 0 means the group is absent."""
-    nvlink: np.ndarray
-    """bool: the group's intra-node link is NVLink (else PCIe)."""
-    network_gbps: np.ndarray
-    """float: per-node network bandwidth of the group."""
+    link_index: np.ndarray
+    """int: index into :attr:`links` of the group's node links."""
     gpu_memory_gib: np.ndarray
     """float: memory of one accelerator in the group."""
+    links: tuple[NodeLinks, ...]
+    """The distinct node links the groups use (see :mod:`lightning_srifty.core.links`)."""
+
+    def link_columns(self) -> LinkColumns:
+        """The groups' links as numpy columns (shape (n, G))."""
+        return LinkColumns.build(self.links, self.link_index)
 
     @property
     def size(self) -> int:
@@ -45,18 +50,17 @@ class CandidateArrays:
         acc = np.full((n, width), "", dtype=object)
         gpn = np.zeros((n, width), dtype=np.int64)
         nodes = np.zeros((n, width), dtype=np.int64)
-        nvl = np.zeros((n, width), dtype=bool)
-        gbps = np.zeros((n, width), dtype=np.float64)
+        link_index = np.zeros((n, width), dtype=np.int64)
         mem = np.zeros((n, width), dtype=np.float64)
+        links: dict[NodeLinks, int] = {}
         for i, cluster in enumerate(clusters):
             for j, group in enumerate(cluster.groups):
                 acc[i, j] = group.offer.accelerator
                 gpn[i, j] = group.gpus_per_node
                 nodes[i, j] = group.nodes
-                nvl[i, j] = group.offer.intra_node_link == "NVLink"
-                gbps[i, j] = group.offer.network_gbps
+                link_index[i, j] = links.setdefault(group.offer.node_links, len(links))
                 mem[i, j] = group.offer.gpu_memory_gib
-        return CandidateArrays(acc, gpn, nodes, nvl, gbps, mem)
+        return CandidateArrays(acc, gpn, nodes, link_index, mem, tuple(links))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_srifty.core.errors import CatalogError
+from lightning_srifty.core.links import NodeLinks, default_links, intra_rate, skypilot_vm_links
 
 INTRA_NODE_LINKS = ("NVLink", "PCIe", "none")
 
@@ -31,6 +32,12 @@ class GpuSpec:
     """Memory bandwidth in GB/s."""
     memory_gib: float
     source: str = ""
+    pcie_gen: int = 0
+    """PCIe generation of the board's host link (0 = not published)."""
+    nvlink_gbytes_s: float = 0.0
+    """One-direction NVLink rate per GPU of the NVLink (SXM) form factor; 0 if none."""
+    tdp_w: float = 0.0
+    """Board power in W (0 = not published)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,16 @@ class Offer:
     """AWS Spot Advisor band 0..4 (<5%, 5-10%, 10-15%, 15-20%, >20% per month)."""
     accelerator_fraction: float = 1.0
     """Share of one accelerator below 1 for fractional-GPU types (g6f: 1/8 of an L4)."""
+    links: NodeLinks | None = None
+    """Physical links in absolute terms (``None``: conservative defaults derived from
+    ``intra_node_link`` and ``network_gbps``, see :attr:`node_links`)."""
+
+    @property
+    def node_links(self) -> NodeLinks:
+        """The links the performance model uses for this offer."""
+        if self.links is not None:
+            return self.links
+        return default_links(self.intra_node_link, self.network_gbps)
 
     @property
     def family(self) -> str:
@@ -94,6 +111,37 @@ class NetworkSpec:
     intra_node_link: str
     """``"NVLink"``, ``"PCIe"`` or ``"none"``."""
     source: str = ""
+    peak_gbps: float = 0.0
+    """The "up to" rate of a burst type (0 = same as ``gbps``)."""
+    network_cards: int = 1
+    efa_interfaces: int = 0
+    """Maximum EFA interfaces (0 = no EFA)."""
+    gpu_interconnect: str = ""
+    """``"NVSwitch"``, ``"NVLink"``, ``"PCIe"`` or ``"none"`` (empty = derive from
+    ``intra_node_link``)."""
+    nvlink_gbytes_s: float = 0.0
+    """One-direction NVLink rate per GPU (0 where there is none)."""
+    pcie_gen: int = 0
+    """PCIe generation of the accelerators' host link (0 = not published)."""
+
+    def node_links(self, accelerators: int, gpu: GpuSpec | None = None) -> NodeLinks:
+        """The links a SkyPilot VM of this type gives NCCL (see
+        :func:`~lightning_srifty.core.links.skypilot_vm_links`)."""
+        kind = self.gpu_interconnect or (
+            self.intra_node_link if self.intra_node_link in ("NVLink", "PCIe") else "none"
+        )
+        if accelerators <= 1:
+            kind = "none"
+        nvlink = self.nvlink_gbytes_s or (gpu.nvlink_gbytes_s if gpu is not None else 0.0)
+        pcie = self.pcie_gen or (gpu.pcie_gen if gpu is not None else 0)
+        return skypilot_vm_links(
+            kind,
+            intra_rate(kind, nvlink, pcie),
+            self.gbps,
+            self.peak_gbps or self.gbps,
+            efa_interfaces=self.efa_interfaces,
+            network_cards=self.network_cards,
+        )
 
 
 @dataclass(frozen=True)
@@ -379,6 +427,26 @@ def _ondemand_then_zone(offer: Offer) -> tuple[float, str]:
 
 
 PRECISIONS = ("fp32", "fp16")
+COMPUTE_SHARE = 0.5
+"""Weight of the peak-FLOP ratio in the whole-step roofline blend (the rest is memory
+bandwidth). A modelling assumption checked, not fitted: on Lambda's benchmark it orders
+128 of 132 fp32 GPU pairs correctly (``benchmarks/bench_gpu_scaling.py``)."""
+TENSOR_CORE_MODULES = frozenset(
+    {
+        "Linear", "LazyLinear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+        "ConvTranspose2d", "ConvTranspose3d", "LazyConv1d", "LazyConv2d", "LazyConv3d",
+        "MultiheadAttention", "LSTM", "GRU", "RNN", "Transformer", "TransformerEncoderLayer",
+        "TransformerDecoderLayer", "NonDynamicallyQuantizableLinear",
+    }
+)  # fmt: skip
+"""Module types whose FLOPs are matrix products (tensor cores: TF32 or FP16 rate); the
+FLOPs of any other module run at the CUDA-core FP32 rate."""
+
+
+def precision_kind(precision: str) -> str:
+    """``"fp16"`` for 16-bit training (``16-mixed``, ``bf16-mixed``, ``16-true``...),
+    ``"fp32"`` otherwise (``32-true``, ``tf32``, ``64-true``)."""
+    return "fp16" if "16" in precision else "fp32"
 
 
 def peak_tflops(spec: GpuSpec, precision: str) -> float:
@@ -386,27 +454,65 @@ def peak_tflops(spec: GpuSpec, precision: str) -> float:
 
     ``"fp32"`` uses the TF32 tensor-core rate (PyTorch's default for convolutions on
     Ampere and later; equal to plain FP32 on Volta/Turing, whose rows say so), ``"fp16"``
-    the dense FP16 tensor-core rate.
+    the dense FP16 tensor-core rate. Lightning's precision strings are accepted too.
     """
+    if precision not in PRECISIONS:
+        if "-" in precision or precision == "tf32":
+            precision = precision_kind(precision)
+        else:
+            raise ValueError(f"precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return spec.tf32_tflops
-    if precision == "fp16":
-        return spec.fp16_tflops
-    raise ValueError(f"precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    return spec.fp16_tflops
 
 
-def predicted_speed_ratio(
-    fast: GpuSpec, slow: GpuSpec, precision: str, compute_share: float = 0.5
+def device_time_ratio(
+    source: GpuSpec, target: GpuSpec, precision: str, compute_share: float = COMPUTE_SHARE
 ) -> float:
-    """Throughput of ``fast`` over ``slow`` predicted from published peaks alone.
+    """Device time on ``target`` over device time on ``source`` from published peaks.
 
-    A roofline blend: a training step is partly compute-bound and partly memory-bound,
-    so the speed ratio is the geometric blend of the peak-FLOP/s ratio and the
-    memory-bandwidth ratio, weighted by ``compute_share`` (1 = purely compute-bound).
-    The weight is a modelling assumption, not fitted to any measurement.
+    The one compute ratio of the model: a training step is partly compute-bound and
+    partly memory-bound, so the ratio is the geometric blend of the peak-FLOP/s ratio
+    and the memory-bandwidth ratio, weighted by ``compute_share`` (1 = purely
+    compute-bound). Host time (data loading, launches) is not in it: callers keep it as
+    measured.
     """
     if not 0.0 <= compute_share <= 1.0:
         raise ValueError(f"compute_share {compute_share} is outside 0..1")
-    flops_ratio = peak_tflops(fast, precision) / peak_tflops(slow, precision)
-    bandwidth_ratio = fast.mem_bw_gbps / slow.mem_bw_gbps
+    flops_ratio = peak_tflops(source, precision) / peak_tflops(target, precision)
+    bandwidth_ratio = source.mem_bw_gbps / target.mem_bw_gbps
     return float(flops_ratio**compute_share * bandwidth_ratio ** (1.0 - compute_share))
+
+
+def predicted_speed_ratio(
+    fast: GpuSpec, slow: GpuSpec, precision: str, compute_share: float = COMPUTE_SHARE
+) -> float:
+    """Throughput of ``fast`` over ``slow`` predicted from published peaks alone
+    (the inverse of :func:`device_time_ratio` from ``slow`` to ``fast``)."""
+    return 1.0 / device_time_ratio(slow, fast, precision, compute_share)
+
+
+def layer_time_ratio(
+    flops: float,
+    moved_bytes: float,
+    module_type: str,
+    source: GpuSpec,
+    target: GpuSpec,
+    precision: str,
+) -> float | None:
+    """Time of one layer on ``target`` over ``source`` by the roofline regime it sits in.
+
+    A layer takes ``max(flops / peak, bytes / bandwidth)``: a matmul-bound layer scales
+    by the tensor-core peak ratio, a memory-bound one (normalisation, activations,
+    embeddings) by the bandwidth ratio; the FLOPs of modules that are not matrix
+    products run at the CUDA-core FP32 rate. ``None`` when the layer has neither.
+    """
+    if flops <= 0 and moved_bytes <= 0:
+        return None
+    matmul = module_type in TENSOR_CORE_MODULES
+    peak_s = (peak_tflops(source, precision) if matmul else source.fp32_tflops) * 1e12
+    peak_t = (peak_tflops(target, precision) if matmul else target.fp32_tflops) * 1e12
+    bw_s, bw_t = source.mem_bw_gbps * 1e9, target.mem_bw_gbps * 1e9
+    before = max(flops / peak_s, moved_bytes / bw_s)
+    after = max(flops / peak_t, moved_bytes / bw_t)
+    return after / before

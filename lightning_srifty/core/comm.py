@@ -25,12 +25,6 @@ import numpy as np
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 """PyTorch DDP's default ``bucket_cap_mb`` (25 MiB)."""
 
-NOMINAL_LINK_GBYTES_S = {"PCIe": 15.75, "NVLink": 150.0, "none": 15.75}
-"""Nominal one-direction GPU-to-GPU bandwidth in GB/s: PCIe 3.0 x16 (15.75 GB/s,
-PCI-SIG) and NVLink 2 on V100 (6 links x 25 GB/s = 150 GB/s, NVIDIA V100 datasheet).
-Newer NVLink generations are faster; the calibrated efficiency absorbs the difference
-only for the hardware it was fitted on, so this stays the conservative V100 figure."""
-
 
 def ring_allreduce_s(
     nbytes: np.ndarray | float,
@@ -65,12 +59,15 @@ def tree_allreduce_s(
     *,
     messages: np.ndarray | float = 1.0,
 ) -> np.ndarray:
-    """Seconds for a pipelined (double binary) tree all-reduce across ``participants``.
+    """Seconds for a pipelined double binary tree all-reduce across ``participants``.
 
-    Every node sends and receives the whole buffer once on the way up (reduce) and once
-    on the way down (broadcast): ``2·S/beta`` whatever the node count, plus
-    ``2·ceil(log2 p)`` latency hops per message. This is NCCL's inter-node ``Tree``
-    algorithm; unlike the ring it costs as much on 2 nodes as on 16.
+    NCCL's inter-node ``Tree``: the buffer is split between two trees, and every node is
+    an inner node of one and a leaf of the other. An inner node with two children
+    receives ``S/2`` from each and sends ``S/2`` up, then the reverse on the way down;
+    as a leaf it moves ``S/2`` each way: ``2·S`` through the busiest node's link on
+    many nodes. On two nodes each tree is a pair and every node moves ``S``: the
+    busiest link carries ``2(p-1)/p · S`` in both limits, like the ring. What differs
+    is latency: ``2·ceil(log2 p)`` hops per message instead of ``2(p-1)``.
     """
     p = np.asarray(participants, dtype=np.float64)
     bw = np.asarray(bandwidth_bytes_s, dtype=np.float64)
@@ -78,7 +75,7 @@ def tree_allreduce_s(
     depth = np.ceil(np.log2(np.maximum(p, 1.0)))
     cost = (
         2.0 * depth * np.asarray(latency_s) * np.asarray(messages)
-        + 2.0 * np.asarray(nbytes, dtype=np.float64) / safe_bw
+        + 2.0 * (p - 1.0) / np.maximum(p, 1.0) * np.asarray(nbytes, dtype=np.float64) / safe_bw
     )
     return np.asarray(np.where(p > 1, cost, 0.0), dtype=np.float64)
 

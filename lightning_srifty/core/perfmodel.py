@@ -9,7 +9,10 @@ The model is physics first, learning second:
    whole-step blend of the peak and memory-bandwidth ratios otherwise.
 2. **Communication** is NCCL's all-reduce of the gradient buckets
    (:mod:`lightning_srifty.core.comm`): a flat ring through every GPU, paced by its
-   slowest link (the NIC once nodes are crossed), or a tree across nodes.
+   slowest link (the NIC once nodes are crossed), or a tree across nodes. Link rates
+   are absolute physical figures per instance type times one efficiency per transport
+   (:mod:`lightning_srifty.core.links`); a burst-rated NIC runs at its peak only while
+   the step's average traffic stays within its baseline.
 3. **Overlap**: with per-layer data, an event simulation of buckets becoming ready in
    reverse layer order on one stream; with totals only, the fluid version of the same
    queue, ``max(tail·T, T - window·B)`` past the end of backward
@@ -37,11 +40,15 @@ import numpy as np
 
 from lightning_srifty.core.calibration import Calibration, Correction, PhysicsConstants
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
-from lightning_srifty.core.catalog import GpuSpec
+from lightning_srifty.core.catalog import (
+    GpuSpec,
+    device_time_ratio,
+    layer_time_ratio,
+    peak_tflops,
+)
 from lightning_srifty.core.cluster import Cluster
 from lightning_srifty.core.comm import (
     DEFAULT_BUCKET_BYTES,
-    NOMINAL_LINK_GBYTES_S,
     bucket_count,
     buckets_from_layers,
     exposed_allreduce_s,
@@ -50,6 +57,7 @@ from lightning_srifty.core.comm import (
     simulate_overlap,
 )
 from lightning_srifty.core.errors import PredictionError
+from lightning_srifty.core.links import inter_node_bytes_s, intra_node_bytes_s
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.trees import cell_codes
 
@@ -58,8 +66,6 @@ MEMORY_HEADROOM = 0.92
 """Share of device memory usable by tensors (CUDA context and allocator slack)."""
 ROOFLINE_EFFICIENCY = 0.4
 """Achieved share of peak when a CPU profile's FLOPs/bytes predict a GPU from scratch."""
-MEMORY_BOUND_SHARE = 0.5
-"""Coarse profiles: weight of the memory-bandwidth ratio in the whole-step blend."""
 BACKWARD_SHARE = 2.0 / 3.0
 """Backward is about twice the forward FLOPs; used when a profile has no phase split."""
 
@@ -89,6 +95,10 @@ class Prediction:
     """Estimated memory needed per GPU in each group at its local batch."""
     breakdown: tuple[tuple[str, float], ...]
     """Short labelled terms (seconds) behind ``step_s``."""
+    intra_bytes_s: float = float("inf")
+    """Effective per-GPU rate of the slowest GPU link in use (``inf``: none in use)."""
+    inter_bytes_s: float = float("inf")
+    """Effective network rate per node of the slowest node (``inf``: one node)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,15 @@ class _Links:
     nodes: np.ndarray
     gpus_per_node: np.ndarray
     intra_bytes_s: np.ndarray
+    """Effective per-GPU rate of the slowest intra-node link in use."""
     inter_bytes_s: np.ndarray
+    """Effective per-node network rate of the slowest node."""
+    intra_latency_s: np.ndarray
+    """Per-hop latency of the slowest GPU link in use."""
+    inter_latency_s: np.ndarray
+    """Per-hop latency of the slowest network transport in use."""
+    two_way: np.ndarray
+    """Slowdown of the network hops from two-way TCP traffic (two nodes only)."""
     physics: PhysicsConstants
 
     def allreduce_s(self, nbytes: float, messages: int) -> np.ndarray:
@@ -107,34 +125,33 @@ class _Links:
 
         NCCL's ring runs through every GPU, so a ring that crosses nodes is paced by its
         slowest link (the NIC) and every node's NIC carries the full ring volume
-        ``2(p-1)/p · S`` for all ``p`` GPUs, not just ``2(N-1)/N · S`` for ``N`` nodes:
-        on the Pollux traces two nodes with 2 GPUs each take ~1.5x as long as two with 1
-        GPU each, and four nodes with 1 GPU about as long as two with 2, as the flat
-        ring says. Each message pays the latency of every hop it travels, as in NCCL's
-        own tuning model: ``2(N-1)`` hops across nodes and ``2(p-N)`` inside them.
-        NCCL's tree (``inter_algorithm="tree"``) is a chain inside each node and a tree
-        across nodes. Two-node runs are scaled by the calibrated ``two_node_factor``.
+        ``2(p-1)/p · S`` for all ``p`` GPUs, not just ``2(N-1)/N · S`` for ``N`` nodes.
+        Each message pays the latency of every hop it travels, as in NCCL's own tuning
+        model (``2(N-1)`` hops across nodes and ``2(p-N)`` inside them), plus the fixed
+        cost of launching one collective. NCCL's tree (``inter_algorithm="tree"``) is a
+        chain inside each node and a tree across nodes.
         """
         phys = self.physics
         multi_node = self.nodes > 1
+        launch = messages * phys.collective_launch_s
         if phys.inter_algorithm == "tree":
             intra, inter = hierarchical_allreduce_s(
                 nbytes, self.gpus_per_node, self.nodes, self.intra_bytes_s,
-                phys.intra_latency_s, self.inter_bytes_s, phys.inter_latency_s,
+                self.intra_latency_s, self.inter_bytes_s / self.two_way, self.inter_latency_s,
                 messages=messages, inter_algorithm="tree",
             )  # fmt: skip
-            total = intra + inter
+            total = intra + inter + launch
         else:
+            network = self.inter_bytes_s / self.two_way
             slowest = np.where(
-                multi_node, np.minimum(self.intra_bytes_s, self.inter_bytes_s), self.intra_bytes_s
+                multi_node, np.minimum(self.intra_bytes_s, network), self.intra_bytes_s
             )
             bandwidth = ring_allreduce_s(nbytes, self.world, slowest, 0.0)
             # a message travels the whole ring: 2(N-1) of its 2(p-1) hops cross nodes
             inter_hops = 2.0 * np.maximum(self.nodes - 1, 0)
             intra_hops = 2.0 * np.maximum(self.world - 1, 0) - inter_hops
-            latency = inter_hops * phys.inter_latency_s + intra_hops * phys.intra_latency_s
-            total = bandwidth + messages * latency
-        total = np.where(self.nodes == 2, total * phys.two_node_factor, total)
+            latency = inter_hops * self.inter_latency_s + intra_hops * self.intra_latency_s
+            total = bandwidth + messages * latency + launch
         return np.where(self.world > 1, total, 0.0)
 
 
@@ -209,8 +226,13 @@ def step_time_cv(profile: Profile) -> float:
     return max(spread.p90_s - spread.p50_s, 0.0) / 1.2816 / spread.mean_s
 
 
+@functools.lru_cache(maxsize=256)
 def fit_compute_curve(profile: Profile) -> _Curve:
-    """``alpha + beta·b`` by least squares over the profile's batch points."""
+    """``alpha + beta·b`` by least squares over the profile's batch points.
+
+    Cached per profile (profiles are immutable): a calibration scores the same few
+    profiles thousands of times.
+    """
     points = sorted(profile.step_points(), key=lambda p: p.local_batch_size)
     merged: dict[int, list[float]] = {}
     for p in points:
@@ -226,14 +248,6 @@ def fit_compute_curve(profile: Profile) -> _Curve:
         alpha = min(profile.steps.optimizer_s, 0.5 * float(times[0]))
         beta = max(float(times[0]) - alpha, 1e-12) / float(batches[0])
     return _Curve(alpha, beta, batches, times)
-
-
-def _peak_tflops(spec: GpuSpec, precision: str) -> float:
-    if precision in ("16-mixed", "bf16-mixed", "16-true", "bf16-true"):
-        return spec.fp16_tflops or spec.fp32_tflops
-    if precision == "tf32":
-        return spec.tf32_tflops or spec.fp32_tflops
-    return spec.fp32_tflops
 
 
 class PerformanceModel:
@@ -260,25 +274,23 @@ class PerformanceModel:
         if target is None:
             return None
         precision = profile.environment.precision
-        peak_t = _peak_tflops(target, precision) * 1e12
-        bw_t = target.mem_bw_gbps * 1e9
         src = self.gpu_specs.get(source)
         if src is None:
-            return self._absolute_roofline_ratio(profile, peak_t, bw_t)
-        peak_s = _peak_tflops(src, precision) * 1e12
-        bw_s = src.mem_bw_gbps * 1e9
-        layers = [x for x in profile.layers if x.flops > 0 or x.activation_bytes > 0]
-        if layers:
-            src_time = sum(x.forward_s + x.backward_s for x in layers)
-            if src_time > 0:
-                new_time = 0.0
-                for x in layers:
-                    before = max(x.flops / peak_s, 3 * x.activation_bytes / bw_s)
-                    after = max(x.flops / peak_t, 3 * x.activation_bytes / bw_t)
-                    scale = after / before if before > 0 else bw_s / bw_t
-                    new_time += (x.forward_s + x.backward_s) * scale
-                return new_time / src_time
-        return (1 - MEMORY_BOUND_SHARE) * peak_s / peak_t + MEMORY_BOUND_SHARE * bw_s / bw_t
+            peak_t = peak_tflops(target, precision) * 1e12
+            return self._absolute_roofline_ratio(profile, peak_t, target.mem_bw_gbps * 1e9)
+        whole = device_time_ratio(src, target, precision)
+        layers = [x for x in profile.layers if x.forward_s + x.backward_s > 0]
+        src_time = sum(x.forward_s + x.backward_s for x in layers)
+        if not layers or src_time <= 0 or not any(x.flops > 0 for x in layers):
+            return whole
+        new_time = 0.0
+        for x in layers:
+            # a layer's outputs are written in forward and read twice in backward
+            scale = layer_time_ratio(
+                x.flops, 3 * x.activation_bytes, x.module_type, src, target, precision
+            )
+            new_time += (x.forward_s + x.backward_s) * (whole if scale is None else scale)
+        return new_time / src_time
 
     def _absolute_roofline_ratio(self, profile: Profile, peak: float, bw: float) -> float | None:
         """CPU (or unlisted) source: predict from FLOPs and bytes alone."""
@@ -312,6 +324,22 @@ class PerformanceModel:
             return 0.0
         return float(min(max((compute - device) / compute, 0.0), 1.0))
 
+    @staticmethod
+    def fixed_host_s(profile: Profile, curve: _Curve) -> float:
+        """Per-step time of a coarse profile that does not depend on the batch.
+
+        Measured step times at several batch sizes split into a fixed part and a
+        per-sample part. On the shared traces the fixed part is host work that a faster
+        GPU does not shorten (Python, kernel launches, a small model's optimizer): a
+        BERT step costs about 120 ms at any batch on an A100 and a Quadro RTX 6000
+        alike, while the per-sample part scales with the GPU. So a coarse profile keeps
+        its intercept as measured and scales only the rest. A single batch point cannot
+        separate them (0).
+        """
+        if profile.kind == "detailed" or len(curve.batches) < 2:
+            return 0.0
+        return float(max(curve.alpha_s, 0.0))
+
     def _phase_shares(self, profile: Profile) -> tuple[float, float]:
         """(forward share, backward share) of compute; the rest is the optimizer."""
         s = profile.steps
@@ -342,7 +370,7 @@ class PerformanceModel:
         local_batch: int | np.ndarray | None,
         global_batch: int | None,
     ) -> dict[str, np.ndarray]:
-        phys = self.calibration.physics_for(profile.model_name)
+        phys = self.calibration.physics_for(profile.model_name, profile.environment.instance_type)
         nodes = np.asarray(cand.nodes, dtype=np.int64)
         gpn = np.asarray(cand.gpus_per_node, dtype=np.int64)
         present = nodes > 0
@@ -357,10 +385,11 @@ class PerformanceModel:
         known = ~np.isnan(ratio) | ~present
         colocation = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
         host = self.host_share(profile)
+        fixed = self.fixed_host_s(profile, curve)
         device_ratio = np.nan_to_num(ratio, nan=1.0)
-        speed_scale = np.where(
-            present & known, ((1.0 - host) * device_ratio + host) * colocation, 1.0
-        )
+        # the share of variable time that scales with the GPU; fixed host time does not
+        speed_scale = np.where(present & known, (1.0 - host) * device_ratio + host, 1.0)
+        colocation = np.where(present, colocation, 1.0)
 
         static, per_sample = self.memory_model(profile)
         usable = np.asarray(cand.gpu_memory_gib, dtype=np.float64) * GIB * MEMORY_HEADROOM
@@ -375,7 +404,9 @@ class PerformanceModel:
             per_row = np.asarray(local_batch, dtype=np.float64).reshape(-1, 1)
             b = np.where(present, per_row, 0.0)
         elif global_batch is not None:
-            b = self._split_global(global_batch, curve, speed_scale, workers, present, cap)
+            alpha = colocation * (fixed + (curve.alpha_s - fixed) * speed_scale)
+            beta = colocation * curve.beta_s * speed_scale
+            b = self._split_global(global_batch, alpha, beta, workers, present, cap)
         else:
             b = np.where(present, float(default_b), 0.0)
         b_int = np.where(present, np.maximum(np.rint(b), 1.0), 0.0)
@@ -386,20 +417,35 @@ class PerformanceModel:
         gmax = _row_max(np.where(present, gpn, 0))
         cv = float(np.hypot(phys.straggler_cv, step_time_cv(profile)))
         straggle = 1.0 + cv * expected_max_z(world)
-        group_compute = np.where(present, curve.at(np.maximum(b_int, 1.0)) * speed_scale, 0.0)
+        at_b = curve.at(np.maximum(b_int, 1.0))
+        host_fixed = np.minimum(fixed, at_b)
+        group_compute = np.where(
+            present, colocation * (host_fixed + (at_b - host_fixed) * speed_scale), 0.0
+        )
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle
 
-        nominal_intra = np.where(
-            np.asarray(cand.nvlink, dtype=bool),
-            NOMINAL_LINK_GBYTES_S["NVLink"],
-            NOMINAL_LINK_GBYTES_S["PCIe"],
+        cols = cand.link_columns()
+        intra_each = intra_node_bytes_s(
+            cols, phys.intra_efficiencies(), phys.inter_efficiencies(), phys.tcp_flow_gbps
         )
-        intra_bw = _row_min(np.where(present & (gpn > 1), nominal_intra, np.inf))
-        intra_bw = intra_bw * 1e9 * phys.intra_bw_efficiency
-        net = np.asarray(cand.network_gbps, dtype=np.float64)
-        inter_bw = _row_min(np.where(present, net, np.inf)) * 1e9 / 8 * phys.inter_bw_efficiency
-        links = _Links(world, total_nodes, gmax, intra_bw, inter_bw, phys)
+        intra_bw = _row_min(np.where(present & (gpn > 1), intra_each, np.inf))
+        inter_each = inter_node_bytes_s(cols, gpn, phys.inter_efficiencies(), phys.tcp_flow_gbps)
+        inter_bw = _row_min(np.where(present, inter_each, np.inf))
+        hop = np.asarray(phys.inter_latencies())[cols.transport]
+        inter_latency = _row_max(np.where(present, hop, 0.0))
+        intra_hop = np.where(
+            cols.isolated, hop, np.asarray(phys.intra_latencies())[cols.interconnect]
+        )
+        intra_latency = _row_max(np.where(present & (gpn > 1), intra_hop, 0.0))
+        tunnelled = _row_max(np.where(present, (cols.transport == 0) & cols.encapsulated, False))
+        two_way = np.where(
+            (total_nodes == 2) & tunnelled.astype(bool), phys.tcp_two_way_slowdown, 1.0
+        )
+        links = _Links(
+            world, total_nodes, gmax, intra_bw, inter_bw, intra_latency, inter_latency,
+            two_way, phys,
+        )  # fmt: skip
         grad_bytes = float(profile.grad_bytes)
 
         fwd_share, bwd_share = self._phase_shares(profile)
@@ -417,6 +463,11 @@ class PerformanceModel:
             )
         overhead = np.where(world > 1, phys.step_overhead_s, 0.0)
         step = synced + overhead
+        # burst types: the NIC may run at its peak only while the average stays at baseline
+        ring_bytes = 2.0 * np.maximum(world - 1, 0) / np.maximum(world, 1) * grad_bytes
+        sustain = _row_max(np.where(present, ring_bytes[:, None] / cols.nic_bytes_s, 0.0))
+        step = np.where(total_nodes > 1, np.maximum(step, sustain), step)
+        physics_step = step
         all_known = _row_all(known)
         step = np.where(all_known, step, np.inf)
 
@@ -450,9 +501,11 @@ class PerformanceModel:
             "compute": compute,
             "mean_compute": mean_compute,
             "allreduce": allreduce,
-            "exposed": synced - compute + overhead,
+            "exposed": physics_step - compute,
             "memory_gib": memory,
             "cap": cap,
+            "intra_bw": intra_bw,
+            "inter_bw": np.where(total_nodes > 1, inter_bw, np.inf),
         }
 
     def _bucket_layout(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
@@ -473,8 +526,8 @@ class PerformanceModel:
     @staticmethod
     def _split_global(
         global_batch: int,
-        curve: _Curve,
-        speed_scale: np.ndarray,
+        alpha: np.ndarray,
+        beta: np.ndarray,
         workers: np.ndarray,
         present: np.ndarray,
         cap: np.ndarray,
@@ -484,8 +537,7 @@ class PerformanceModel:
         Solves ``alpha_j + beta_j·b_j = T`` for all groups with ``sum w_j b_j = B``; a
         group that would exceed its memory is pinned at its cap and the rest re-solved.
         """
-        alpha = curve.alpha_s * speed_scale
-        beta = curve.beta_s * speed_scale
+        beta = np.maximum(beta, 1e-15)
         pinned = np.zeros_like(present)
         b = np.zeros(present.shape, dtype=np.float64)
         for _ in range(present.shape[1] + 1):
@@ -576,6 +628,8 @@ class PerformanceModel:
                 ("exposed comm + overhead", exposed),
                 ("correction x", step / max(compute + exposed, _LOG_FLOOR)),
             ),
+            intra_bytes_s=float(out["intra_bw"][0]),
+            inter_bytes_s=float(out["inter_bw"][0]),
         )
 
 

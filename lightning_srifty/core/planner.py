@@ -46,6 +46,7 @@ from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
 from lightning_srifty.core.catalog import Offer, band_hourly_rate
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.errors import ConfigError, InfeasibleError
+from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.stateff import steps_to_target as stateff_steps
@@ -475,10 +476,12 @@ def _candidate_arrays(
     """(n, G) model input for rows of type indices and node counts (nodes 0 = absent)."""
     acc = np.array([o.accelerator for o in type_offers], dtype=object)
     gpn = np.array([o.accelerator_count for o in type_offers], dtype=np.int64)
-    nvl = np.array([o.intra_node_link == "NVLink" for o in type_offers], dtype=bool)
-    gbps = np.array([o.network_gbps for o in type_offers], dtype=float)
+    distinct: dict[NodeLinks, int] = {}
+    link = np.array(
+        [distinct.setdefault(o.node_links, len(distinct)) for o in type_offers], dtype=np.int64
+    )
     mem = np.array([o.gpu_memory_gib for o in type_offers], dtype=float)
-    return CandidateArrays(acc[types], gpn[types], nodes, nvl[types], gbps[types], mem[types])
+    return CandidateArrays(acc[types], gpn[types], nodes, link[types], mem[types], tuple(distinct))
 
 
 @dataclass(frozen=True)

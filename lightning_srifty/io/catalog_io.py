@@ -30,6 +30,7 @@ from typing import Any
 
 from lightning_srifty.core.catalog import INTRA_NODE_LINKS, Catalog, GpuSpec, NetworkSpec, Offer
 from lightning_srifty.core.errors import CatalogError
+from lightning_srifty.core.links import INTERCONNECTS
 from lightning_srifty.io.jsonfile import read_json
 
 VMS_COLUMNS = (
@@ -137,12 +138,25 @@ def load_network_specs(path: str | os.PathLike[str] | None = None) -> dict[str, 
                 f"valid: {', '.join(INTRA_NODE_LINKS)}",
                 source=label,
             )
+        interconnect = (row.get("gpu_interconnect") or "").strip()
+        if interconnect and interconnect not in INTERCONNECTS:
+            raise CatalogError(
+                f"line {line}: column 'gpu_interconnect' is {interconnect!r}; "
+                f"valid: {', '.join(INTERCONNECTS)}",
+                source=label,
+            )
         spec = NetworkSpec(
             instance_type=name,
             gbps=_positive(row, "gbps", line, label),
             burst=_flag(row, "burst", line, label),
             intra_node_link=link,
             source=_text(row, "source", line, label),
+            peak_gbps=_optional_number(row, "peak_gbps", line, label),
+            network_cards=int(_optional_number(row, "network_cards", line, label) or 1),
+            efa_interfaces=int(_optional_number(row, "efa_interfaces", line, label)),
+            gpu_interconnect=interconnect,
+            nvlink_gbytes_s=_optional_number(row, "nvlink_gbytes_s", line, label),
+            pcie_gen=int(_optional_number(row, "pcie_gen", line, label)),
         )
         _add_unique(specs, name, spec, line, label)
     return specs
@@ -275,6 +289,11 @@ def parse_vms_rows(
                 intra_node_link=_link(network, count),
                 network_gbps=network.gbps if network is not None else math.nan,
                 interruption_band=bands.band(region, instance_type),
+                links=(
+                    network.node_links(int(count), gpu_specs.get(accelerator))
+                    if network is not None
+                    else None
+                ),
             )
         )
     return offers
@@ -388,6 +407,9 @@ def _load_gpu_table(
             mem_bw_gbps=_positive(row, "mem_bw_gbps", line, label),
             memory_gib=_positive(row, "memory_gib", line, label),
             source=_text(row, "source", line, label),
+            pcie_gen=int(_optional_number(row, "pcie_gen", line, label)),
+            nvlink_gbytes_s=_optional_number(row, "nvlink_gbytes_s", line, label),
+            tdp_w=_optional_number(row, "tdp_w", line, label),
         )
         _add_unique(specs, name, spec, line, label)
         if _flag(row, "trainable", line, label):
@@ -468,6 +490,25 @@ def _positive(row: Mapping[str, str], column: str, line: int, label: str) -> flo
     if value is None or value <= 0:
         raise CatalogError(
             f"line {line}: column '{column}' must be a number > 0 (got {row[column]!r})",
+            source=label,
+        )
+    return value
+
+
+def _optional_number(row: Mapping[str, str], column: str, line: int, label: str) -> float:
+    """A non-negative number, 0 where the column is absent or the cell empty."""
+    text = (row.get(column) or "").strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise CatalogError(
+            f"line {line}: column '{column}' is not a number: {text!r}", source=label
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise CatalogError(
+            f"line {line}: column '{column}' must be a non-negative number, got {text!r}",
             source=label,
         )
     return value

@@ -24,13 +24,15 @@ import csv
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.calibration import hardware_fingerprint
+from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import TraceError
+from lightning_srifty.core.links import NodeLinks, fabric_links, intra_rate
 from lightning_srifty.core.profile import (
     BatchPoint,
     Environment,
@@ -60,11 +62,52 @@ class Hardware:
     inter_node_gbps: float
     nodes: int
     region: str = ""
+    fabric: str = ""
+    """``inter_node_fabric``: the network in words (transport, placement group)."""
+    intra_note: str = ""
+    """``intra_node_note``: the GPU link in words (NVSwitch, PCIe)."""
+    links: NodeLinks | None = None
+    """Absolute link figures derived from the facts above and the GPU's spec row."""
 
     def describe(self) -> str:
         return (
             f"{self.nodes}x {self.instance_type} ({self.gpus_per_node}x {self.gpu}, "
             f"{self.intra_node_link}, {self.inter_node_gbps:g} Gbps)"
+        )
+
+    def facts(self) -> dict[str, Any]:
+        """The fields that identify the hardware (for :func:`hardware_fingerprint`)."""
+        return {
+            "gpu": self.gpu,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "gpus_per_node": self.gpus_per_node,
+            "intra_node_link": self.intra_node_link,
+            "inter_node_gbps": self.inter_node_gbps,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        return hardware_fingerprint(self.facts())
+
+    def node_links(self, spec: GpuSpec | None) -> NodeLinks:
+        """Links in absolute terms: the GPU link's rate from the GPU's spec row (NVLink
+        per GPU, or its PCIe generation) and the network from ``inter_node_fabric``."""
+        link = self.intra_node_link.strip().lower()
+        if self.gpus_per_node <= 1:
+            kind = "none"
+        elif "nvlink" in link or "nvswitch" in link:
+            kind = "NVSwitch" if "nvswitch" in self.intra_note.lower() else "NVLink"
+        else:
+            kind = "PCIe"
+        nvlink = spec.nvlink_gbytes_s if spec is not None else 0.0
+        pcie = spec.pcie_gen if spec is not None else 0
+        return fabric_links(
+            kind,
+            intra_rate(kind, nvlink, pcie),
+            self.inter_node_gbps,
+            self.gpus_per_node,
+            self.fabric,
+            self.nodes,
         )
 
     def offer(self) -> Offer:
@@ -82,6 +125,7 @@ class Hardware:
             spot_price=None,
             intra_node_link=self.intra_node_link,
             network_gbps=self.inter_node_gbps,
+            links=self.links,
         )
 
 
@@ -159,6 +203,8 @@ def _read_hardware(root: Path) -> Hardware:
             inter_node_gbps=float(entry["inter_node_gbps"]),
             nodes=int(entry["nodes"]),
             region=str(entry.get("region", "")),
+            fabric=str(entry.get("inter_node_fabric", "")),
+            intra_note=str(entry.get("intra_node_note", "")),
         )
     except (TypeError, ValueError) as exc:
         raise TraceError(f"bad value ({exc})", source=str(path), field=instance_type) from None
@@ -272,12 +318,27 @@ def spread_replicas(replicas: int, nodes: int) -> tuple[int, ...]:
     return tuple([base + 1] * extra + [base] * (nodes - extra))
 
 
-def load_traces(root: str | os.PathLike[str], models: Sequence[str] | None = None) -> TraceSet:
-    """Loads and validates a Pollux-format trace folder."""
+def load_traces(
+    root: str | os.PathLike[str],
+    models: Sequence[str] | None = None,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+) -> TraceSet:
+    """Loads and validates a Pollux-format trace folder.
+
+    ``scalability.csv`` rows that repeat a ``placements.csv`` row (same node and
+    replica count, batch and times: the Sia traces key every placement row both ways)
+    are dropped, so no measurement counts twice. ``gpu_specs`` (the bundled table when
+    ``None``) gives the GPU link rates behind the hardware's links.
+    """
     base = Path(root)
     if not base.is_dir():
         raise TraceError("trace folder not found", source=str(base))
     hardware = _read_hardware(base)
+    if gpu_specs is None:
+        from lightning_srifty.io.catalog_io import load_gpu_specs
+
+        gpu_specs = load_gpu_specs()
+    hardware = replace(hardware, links=hardware.node_links(gpu_specs.get(hardware.gpu)))
     infos = _read_models(base)
     names = list(models) if models is not None else sorted(
         p.name for p in base.iterdir() if (p / "placements.csv").is_file()
@@ -294,9 +355,16 @@ def load_traces(root: str | os.PathLike[str], models: Sequence[str] | None = Non
         found = read_measurements(base / name / "placements.csv", name)
         extra = base / name / "scalability.csv"
         if extra.is_file():
-            found = found + read_measurements(extra, name)
+            seen = {_row_key(m) for m in found}
+            found = found + tuple(
+                m for m in read_measurements(extra, name) if _row_key(m) not in seen
+            )
         rows[name] = found
     return TraceSet(str(base), hardware, {n: infos[n] for n in names}, rows)
+
+
+def _row_key(m: Measurement) -> tuple[int, int, int, float, float]:
+    return (m.nodes, m.replicas, m.local_bsz, m.step_time, m.sync_time)
 
 
 def coarse_profile(

@@ -19,6 +19,7 @@ from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.errors import ConfigError, InfeasibleError, LaunchError
+from lightning_srifty.core.links import loopback_links
 from lightning_srifty.core.monitor import Expectation, Snapshot
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.core.planner import PlanRequest, PlanResult, plan, plan_pinned
@@ -138,11 +139,11 @@ def load_planning_inputs(
     options: LaunchOptions, profiled_on: str
 ) -> tuple[tuple[Offer, ...], PerformanceModel]:
     """Catalog offers and the performance model (files are read here, once)."""
-    from lightning_srifty.io.calibration_io import load_calibration
+    from lightning_srifty.io.calibration_io import calibration_or_default
     from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
 
     offers = planning_offers(options.catalog, profiled_on)
-    calibration = load_calibration(options.calibration) if options.calibration else None
+    calibration = calibration_or_default(options.calibration)
     return offers, PerformanceModel(load_gpu_specs(), calibration)
 
 
@@ -162,6 +163,7 @@ def local_cluster(profile: Profile, topology: LocalTopology) -> Cluster:
         spot_price=None,
         intra_node_link="PCIe" if topology.procs_per_node > 1 else "none",
         network_gbps=LOOPBACK_GBPS,
+        links=loopback_links("PCIe" if topology.procs_per_node > 1 else "none", LOOPBACK_GBPS),
     )
     return Cluster((ClusterGroup(offer, topology.nodes, topology.procs_per_node),))
 

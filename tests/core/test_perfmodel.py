@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from lightning_srifty.core.candidates import CandidateArrays
 from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import PredictionError
+from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.perfmodel import PerformanceModel, expected_max_z, fit_compute_curve
 from lightning_srifty.core.profile import (
     BatchPoint,
@@ -68,8 +70,20 @@ def coarse(
 
 
 PROFILE = coarse({8: 0.10, 16: 0.18, 32: 0.34})
-PHYS = PhysicsConstants(tail_fraction=1.0, inter_latency_s=0.0, intra_latency_s=0.0)
-"""No overlap and no latency: step = compute + ring time, checkable by hand."""
+IDEAL = {
+    "tcp_efficiency": 1.0,
+    "pcie_efficiency": 1.0,
+    "nvlink_efficiency": 1.0,
+    "ib_efficiency": 1.0,
+    "nvlink_latency_s": 0.0,
+    "pcie_latency_s": 0.0,
+    "tcp_latency_s": 0.0,
+    "rdma_latency_s": 0.0,
+    "collective_launch_s": 0.0,
+    "step_overhead_s": 0.0,
+}
+PHYS = PhysicsConstants(tail_fraction=1.0, **IDEAL)  # type: ignore[arg-type]
+"""No overlap, no latency, links at line rate: step = compute + ring time, by hand."""
 
 
 def one_group(nodes: int, gpus: int, o: Offer | None = None) -> Cluster:
@@ -115,8 +129,8 @@ def test_ring_crossing_nodes_carries_every_gpus_share_through_the_nic() -> None:
 
 def test_each_message_pays_the_latency_of_every_hop_on_the_ring() -> None:
     tiny = coarse({16: 0.18}, grad_bytes=1)  # one bucket, no bandwidth term to speak of
-    inter = PhysicsConstants(tail_fraction=1.0, inter_latency_s=1e-3, intra_latency_s=0.0)
-    intra = PhysicsConstants(tail_fraction=1.0, inter_latency_s=0.0, intra_latency_s=1e-3)
+    inter = dataclasses.replace(PHYS, tcp_latency_s=1e-3)
+    intra = dataclasses.replace(PHYS, pcie_latency_s=1e-3)
     # 2 nodes x 4 GPUs: 14 hops, 2 of them across nodes
     across = PerformanceModel(SPECS, Calibration(inter)).predict(tiny, one_group(2, 4))
     inside = PerformanceModel(SPECS, Calibration(intra)).predict(tiny, one_group(2, 4))
@@ -124,19 +138,63 @@ def test_each_message_pays_the_latency_of_every_hop_on_the_ring() -> None:
     assert inside.allreduce_s == pytest.approx(12e-3, rel=1e-3)
 
 
-def test_two_node_factor_scales_only_two_node_all_reduces() -> None:
-    plain = PerformanceModel(SPECS, Calibration(PHYS))
-    slow = PerformanceModel(SPECS, Calibration(dataclasses.replace(PHYS, two_node_factor=1.5)))
-    for nodes, factor in ((1, 1.0), (2, 1.5), (3, 1.0)):
-        a = plain.predict(PROFILE, one_group(nodes, 2)).allreduce_s
-        b = slow.predict(PROFILE, one_group(nodes, 2)).allreduce_s
-        assert b == pytest.approx(factor * a)
+def linked(links: NodeLinks, count: int = 4, acc: str = "T4") -> Offer:
+    return dataclasses.replace(offer(acc, count), links=links)
+
+
+def test_a_nic_faster_than_the_flows_is_paced_by_the_flows() -> None:
+    # 2 channels x 1 socket x 10 Gbps per flow = 20 Gbps, below the 100 Gbps NIC
+    few = linked(NodeLinks("PCIe", 15.75, "tcp", 100.0, 100.0, 1, 10.0, 1))
+    many = linked(NodeLinks("PCIe", 15.75, "tcp", 100.0, 100.0, 1, 10.0, 16))
+    phys = dataclasses.replace(PHYS, tcp_flow_gbps=1000.0)
+    model = PerformanceModel(SPECS, Calibration(phys))
+    slow = model.predict(PROFILE, one_group(2, 1, few))
+    fast = model.predict(PROFILE, one_group(2, 1, many))
+    assert slow.inter_bytes_s == pytest.approx(20e9 / 8)
+    assert fast.inter_bytes_s == pytest.approx(100e9 / 8)
+    # one socket's own rate caps every flow too
+    capped = PerformanceModel(SPECS, Calibration(dataclasses.replace(phys, tcp_flow_gbps=4.0)))
+    assert capped.predict(PROFILE, one_group(2, 1, few)).inter_bytes_s == pytest.approx(8e9 / 8)
+
+
+def test_one_efficiency_per_transport_whatever_the_nic() -> None:
+    phys = dataclasses.replace(PHYS, tcp_efficiency=0.5, tcp_flow_gbps=1000.0)
+    model = PerformanceModel(SPECS, Calibration(phys))
+    rates = [
+        model.predict(
+            PROFILE, one_group(2, 1, linked(NodeLinks("PCIe", 15.75, "tcp", g, g)))
+        ).inter_bytes_s
+        for g in (10.0, 50.0)
+    ]
+    assert rates == pytest.approx([0.5 * 10e9 / 8, 0.5 * 50e9 / 8])
+
+
+def test_a_burst_nic_runs_at_its_peak_only_within_its_baseline() -> None:
+    burst = linked(NodeLinks("none", 0.0, "tcp", 2.5, 10.0, 1, math.inf, 16), count=1)
+    phys = dataclasses.replace(PHYS, tcp_flow_gbps=1000.0)
+    model = PerformanceModel(SPECS, Calibration(phys))
+    pred = model.predict(PROFILE, one_group(2, 1, burst))
+    size = 100 * 1024**2
+    assert pred.allreduce_s == pytest.approx(size / (10e9 / 8))  # the transfer at the peak
+    # but on average the NIC moves no more than its baseline: 100 MiB per step at 2.5 Gbps
+    assert pred.step_s == pytest.approx(max(0.18 + size / (10e9 / 8), size / (2.5e9 / 8)))
+
+
+def test_isolated_gpus_send_intra_node_traffic_through_the_network_transport() -> None:
+    nvlink = NodeLinks("NVSwitch", 300.0, "ib", 1600.0, 1600.0, 8)
+    pods = dataclasses.replace(nvlink, isolated_gpus=True)
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    direct = model.predict(PROFILE, one_group(1, 8, linked(nvlink, 8)))
+    through_hca = model.predict(PROFILE, one_group(1, 8, linked(pods, 8)))
+    assert direct.intra_bytes_s == pytest.approx(300e9)
+    assert through_hca.intra_bytes_s == pytest.approx(200e9 / 8)  # one HDR rail per GPU
+    # across nodes a ring with one GPU per node drives one rail of eight
+    one_each = model.predict(PROFILE, one_group(2, 1, linked(nvlink, 8)))
+    assert one_each.inter_bytes_s == pytest.approx(200e9 / 8)
 
 
 def test_coarse_overlap_hides_all_but_the_tail_until_the_network_is_slower() -> None:
-    phys = PhysicsConstants(
-        tail_fraction=0.2, overlap_window=0.5, inter_latency_s=0.0, intra_latency_s=0.0
-    )
+    phys = dataclasses.replace(PHYS, tail_fraction=0.2, overlap_window=0.5)
     model = PerformanceModel(SPECS, Calibration(phys))
     backward = 0.18 * 2 / 3  # coarse profile: backward is 2/3 of compute
     fast = model.predict(PROFILE, one_group(1, 2))  # PCIe: all-reduce << backward
@@ -197,15 +255,30 @@ def test_global_batch_is_split_by_speed_so_groups_finish_together() -> None:
     assert v100 > t4
     ratio = model.compute_ratio(PROFILE, "V100")
     assert ratio is not None
+    # the intercept is host time (kept); only the per-sample part scales with the GPU
     t4_time = 0.02 + 0.01 * t4
-    v100_time = (0.02 + 0.01 * v100) * ratio
+    v100_time = 0.02 + 0.01 * v100 * ratio
     assert abs(t4_time - v100_time) < 0.01 * max(1.0, ratio) + 1e-9
     assert abs(pred.global_batch - 256) <= 8
 
 
 def test_coarse_cross_gpu_scaling_blends_peak_and_bandwidth() -> None:
     ratio = PerformanceModel(SPECS).compute_ratio(PROFILE, "V100")
-    assert ratio == pytest.approx(0.5 * 8.1 / 15.7 + 0.5 * 320.0 / 900.0)
+    assert ratio == pytest.approx((8.1 / 15.7) ** 0.5 * (320.0 / 900.0) ** 0.5)
+
+
+def test_a_coarse_profile_keeps_its_fixed_per_step_time_on_another_gpu() -> None:
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    ratio = model.compute_ratio(PROFILE, "V100")
+    assert ratio is not None
+    v100 = model.predict(PROFILE, one_group(1, 1, offer("V100", 1))).step_s
+    assert v100 == pytest.approx(0.02 + 0.16 * ratio)  # 0.02 s fixed, 0.01 s per sample
+
+
+def test_detailed_memory_bound_layers_scale_by_bandwidth() -> None:
+    norm = LayerTiming("n", "b", "LayerNorm", 0.01, 0.02, 10, 40, flops=1e6, activation_bytes=10**9)
+    prof = dataclasses.replace(PROFILE, kind="detailed", layers=(norm,))
+    assert PerformanceModel(SPECS).compute_ratio(prof, "V100") == pytest.approx(320.0 / 900.0)
 
 
 def test_detailed_per_layer_roofline_scales_compute_bound_layers_by_peak() -> None:

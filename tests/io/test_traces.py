@@ -66,10 +66,17 @@ def planted_step(
 
 
 def write_synthetic_traces(
-    root: Path, noise: float = 0.0, seed: int = 0, tails: dict[str, float] | None = None
+    root: Path,
+    noise: float = 0.0,
+    seed: int = 0,
+    tails: dict[str, float] | None = None,
+    hardware_changes: dict[str, object] | None = None,
 ) -> Path:
     """Writes a Pollux-format folder (4 models) following :func:`planted_step`;
-    ``tails`` gives some models their own tail fraction."""
+    ``tails`` gives some models their own tail fraction. The cluster is described as
+    the Pollux one (TCP in an AWS cluster placement group, one socket per NCCL
+    connection from a pod), so both planted rates are reachable: 2 flows x 10 Gbps x
+    efficiency across nodes, 2 flows x one socket's rate x efficiency inside them."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     hardware = {
@@ -80,8 +87,11 @@ def write_synthetic_traces(
             "intra_node_link": "PCIe",
             "inter_node_gbps": 50,
             "nodes": 4,
+            "inter_node_fabric": "ENA Ethernet, NCCL over TCP sockets, no EFA, one cluster "
+            "placement group",
         }
     }
+    hardware["g4dn.12xlarge"].update(hardware_changes or {})
     (root / "hardware.json").write_text(json.dumps(hardware))
     models = {
         name: {"params": spec[0], "grad_dtype": "fp32"} for name, spec in SYNTHETIC_MODELS.items()

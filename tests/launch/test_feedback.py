@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lightning_srifty.core.errors import CalibrationError
-from lightning_srifty.io.calibration_io import profile_fit_groups
+from lightning_srifty.fit.calibration import profile_fit_groups
 from lightning_srifty.io.profile_io import load_profile
 from lightning_srifty.launch.feedback import RanOn, write_feedback
 from tests.core.test_profile import coarse_profile

@@ -1,0 +1,225 @@
+"""Held-out accuracy of the performance model: the validation protocols.
+
+A predicted row never enters the fit that predicts it:
+
+* ``lomo``: calibrate on every other model's multi-GPU rows of the same trace folder,
+  predict all multi-GPU rows of the held-out model from its single-GPU rows;
+* ``scale-out``: also calibrate on the held-out model's single-node rows, predict its
+  multi-node rows;
+* ``unseen-hardware``: predict every multi-GPU row of the folder from each model's
+  single-GPU rows and the shipped default calibration refitted **without any row of
+  the folder's hardware** (recognised by its fingerprint). A folder whose hardware was
+  never in the default's data uses the default as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_srifty.core.calibration import Calibration
+from lightning_srifty.core.catalog import GpuSpec
+from lightning_srifty.core.errors import CalibrationError
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.fit import PROTOCOLS
+from lightning_srifty.fit.calibration import (
+    FitGroup,
+    calibrate,
+    calibrate_traces,
+    fit_group,
+    trace_groups,
+)
+from lightning_srifty.io.traces import Measurement, TraceSet, load_traces
+
+
+@dataclass(frozen=True)
+class HeldOutResult:
+    """Predictions for one held-out model under a validation protocol."""
+
+    model: str
+    rows: tuple[Measurement, ...]
+    predicted_s: np.ndarray
+    low_s: np.ndarray
+    high_s: np.ndarray
+
+    @property
+    def measured_s(self) -> np.ndarray:
+        return np.asarray([r.step_time for r in self.rows], dtype=np.float64)
+
+    @property
+    def ape(self) -> np.ndarray:
+        measured = self.measured_s
+        return np.asarray(np.abs(self.predicted_s - measured) / measured)
+
+    @property
+    def signed(self) -> np.ndarray:
+        """``predicted/measured - 1``: negative when the model is too fast."""
+        return np.asarray(self.predicted_s / self.measured_s - 1.0)
+
+    @property
+    def covered(self) -> np.ndarray:
+        m = self.measured_s
+        return np.asarray((self.low_s <= m) & (m <= self.high_s))
+
+
+def split_rows(
+    traces: TraceSet, held_out: str, protocol: str
+) -> tuple[list[FitGroup], list[Measurement]]:
+    """Fit groups and the rows to predict for one ``lomo`` or ``scale-out`` fold."""
+    if protocol not in ("lomo", "scale-out"):
+        raise CalibrationError(f"--protocol must be lomo or scale-out here, got {protocol!r}")
+    fit = trace_groups(traces, [m for m in traces.rows if m != held_out])
+    own = [r for r in traces.rows[held_out] if r.replicas > 1]
+    if protocol == "scale-out":
+        fit.append(fit_group(traces, held_out, [r for r in own if r.nodes == 1]))
+        return fit, [r for r in own if r.nodes > 1]
+    return fit, own
+
+
+def predict_rows(
+    traces: TraceSet,
+    model: str,
+    rows: Sequence[Measurement],
+    calibration: Calibration,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+) -> HeldOutResult:
+    """The model's predictions for ``rows`` of one model, from its single-GPU rows."""
+    group = fit_group(traces, model, rows)
+    model_ = PerformanceModel(dict(gpu_specs or {}), calibration)
+    out = model_.predict_batch(group.profile, group.candidates, local_batch=group.local_batch)
+    return HeldOutResult(model, tuple(rows), out.step_s, out.low_s, out.high_s)
+
+
+def default_data_root() -> Path:
+    """``$SRIFTY_SHARED_DATA`` or ``../shared/data`` from the working directory."""
+    return Path(os.environ.get("SRIFTY_SHARED_DATA", "../shared/data"))
+
+
+def unseen_hardware_calibration(
+    traces: TraceSet,
+    base: Calibration,
+    *,
+    data_root: str | os.PathLike[str] | None = None,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+    learned: bool = True,
+) -> tuple[Calibration, list[str]]:
+    """``base`` refitted without ``traces``' hardware, and the sets it was refitted on.
+
+    Raises:
+        CalibrationError: the other measurement sets named in ``base``'s provenance are
+            not under ``data_root``.
+    """
+    fingerprint = traces.hardware.fingerprint
+    if not any(s.fingerprint == fingerprint for s in base.sources):
+        return base, [s.name for s in base.sources]
+    root = Path(data_root) if data_root is not None else default_data_root()
+    others = [s for s in base.sources if s.fingerprint != fingerprint]
+    if not others:
+        raise CalibrationError(
+            "the calibration was fitted only on this folder's hardware; nothing is left "
+            "to refit without it"
+        )
+    loaded = []
+    for source in others:
+        folder = root / source.name
+        if not (folder / "hardware.json").is_file():
+            raise CalibrationError(
+                f"refitting without {traces.hardware.describe()} needs the other measurement "
+                f"sets of the calibration; {source.name} is not under {root} (set "
+                "--data-root or SRIFTY_SHARED_DATA)"
+            )
+        loaded.append((source.name, load_traces(folder)))
+    return calibrate_traces(loaded, gpu_specs=gpu_specs, learned=learned), [n for n, _ in loaded]
+
+
+def cross_validate(
+    traces: TraceSet,
+    protocol: str,
+    *,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+    learned: bool = True,
+    models: Sequence[str] | None = None,
+    base: Calibration | None = None,
+    data_root: str | os.PathLike[str] | None = None,
+) -> list[HeldOutResult]:
+    """Runs ``protocol`` over every model (or ``models``) and returns the predictions.
+
+    ``base`` is the calibration the ``unseen-hardware`` protocol starts from (the
+    shipped default when ``None``).
+    """
+    if protocol not in PROTOCOLS:
+        raise CalibrationError(
+            f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}"
+        )
+    names = list(models or traces.rows)
+    unknown = [m for m in names if m not in traces.rows]
+    if unknown:
+        raise CalibrationError(
+            f"no model {', '.join(unknown)} in {traces.root} "
+            f"(models: {', '.join(sorted(traces.rows))})"
+        )
+    if protocol == "unseen-hardware":
+        if base is None:
+            from lightning_srifty.io.calibration_io import load_default_calibration
+
+            base = load_default_calibration()
+        calibration, _ = unseen_hardware_calibration(
+            traces, base, data_root=data_root, gpu_specs=gpu_specs, learned=learned
+        )
+        return [
+            predict_rows(
+                traces, m, [r for r in traces.rows[m] if r.replicas > 1], calibration, gpu_specs
+            )
+            for m in names
+        ]
+    results = []
+    for held_out in names:
+        fit, target = split_rows(traces, held_out, protocol)
+        calibration = calibrate(
+            fit, hardware=traces.hardware.describe(), gpu_specs=gpu_specs, learned=learned
+        )
+        results.append(predict_rows(traces, held_out, target, calibration, gpu_specs))
+    return results
+
+
+def summarise(results: Sequence[HeldOutResult], protocol: str) -> dict[str, Any]:
+    """Median and p90 absolute percentage error per model and overall.
+
+    Also the median signed error (negative: predictions too fast) and how often the
+    10-90 % interval holds the measurement.
+    """
+    kept = [r for r in results if len(r.rows)]
+    per_model = {
+        r.model: {
+            "rows": len(r.rows),
+            "median_ape": float(np.median(r.ape)),
+            "p90_ape": float(np.quantile(r.ape, 0.9)),
+            "median_signed": float(np.median(r.signed)),
+            "interval_coverage": float(np.mean(r.covered)),
+        }
+        for r in kept
+    }
+    if not kept:
+        raise CalibrationError("no multi-GPU rows to validate on")
+    every = np.concatenate([r.ape for r in kept])
+    signed = np.concatenate([r.signed for r in kept])
+    covered = np.concatenate([r.covered for r in kept])
+    return {
+        "protocol": protocol,
+        "models": per_model,
+        "overall": {
+            "rows": int(every.size),
+            "median_ape": float(np.median(every)),
+            "p90_ape": float(np.quantile(every, 0.9)),
+            "median_signed": float(np.median(signed)),
+            "interval_coverage": float(np.mean(covered)),
+            "median_of_model_medians": float(
+                np.median([m["median_ape"] for m in per_model.values()])
+            ),
+        },
+    }

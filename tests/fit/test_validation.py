@@ -1,0 +1,143 @@
+"""The held-out protocols: a predicted row never reaches the fit that predicts it.
+
+Synthetic folders prove the bookkeeping (which rows enter which fit); the accuracy on
+real measurements is in ``tests/fit/test_real_accuracy.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_srifty.core.calibration import Calibration
+from lightning_srifty.core.errors import CalibrationError
+from lightning_srifty.fit.calibration import calibrate_traces
+from lightning_srifty.fit.validation import (
+    cross_validate,
+    predict_rows,
+    split_rows,
+    summarise,
+    unseen_hardware_calibration,
+)
+from lightning_srifty.io.traces import TraceSet, load_traces
+from tests.io.test_traces import write_synthetic_traces
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
+    return load_traces(write_synthetic_traces(tmp_path_factory.mktemp("traces"), noise=0.02))
+
+
+def _scaled(traces: TraceSet, model: str, keep: object, factor: float) -> TraceSet:
+    rows = dict(traces.rows)
+    rows[model] = tuple(
+        dataclasses.replace(r, step_time=r.step_time * factor, sync_time=r.sync_time * factor)
+        if keep(r)  # type: ignore[operator]
+        else r
+        for r in traces.rows[model]
+    )
+    return dataclasses.replace(traces, rows=rows)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "held"),
+    [("lomo", lambda r: r.replicas > 1), ("scale-out", lambda r: r.nodes > 1)],
+)
+def test_held_out_rows_never_reach_the_fit(
+    synthetic: TraceSet, protocol: str, held: object
+) -> None:
+    base = cross_validate(synthetic, protocol, models=["beta"], learned=False)[0]
+    perturbed = cross_validate(
+        _scaled(synthetic, "beta", held, 3.0), protocol, models=["beta"], learned=False
+    )[0]
+    assert perturbed.predicted_s.tolist() == base.predicted_s.tolist()
+    assert perturbed.high_s.tolist() == base.high_s.tolist()
+    # ...while the held-out truth did change, and training rows do matter:
+    assert float(np.median(perturbed.ape)) > 0.5
+    trained = cross_validate(
+        _scaled(synthetic, "alpha", held, 3.0), protocol, models=["beta"], learned=False
+    )[0]
+    assert trained.predicted_s.tolist() != base.predicted_s.tolist()
+
+
+def test_split_rows_are_disjoint(synthetic: TraceSet) -> None:
+    for protocol in ("lomo", "scale-out"):
+        fit, target = split_rows(synthetic, "gamma", protocol)
+        fit_models = {g.model for g in fit}
+        assert ("gamma" in fit_models) == (protocol == "scale-out")
+        if protocol == "scale-out":
+            own = next(g for g in fit if g.model == "gamma")
+            assert set(own.candidates.nodes.sum(axis=1).tolist()) == {1}
+            assert all(r.nodes > 1 for r in target)
+    with pytest.raises(CalibrationError, match="--protocol"):
+        split_rows(synthetic, "gamma", "random")
+    with pytest.raises(CalibrationError, match="--protocol must be one of"):
+        cross_validate(synthetic, "random")
+
+
+@pytest.fixture(scope="module")
+def two_kinds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Calibration]:
+    """A data root with two kinds of hardware and a calibration fitted on both."""
+    root = tmp_path_factory.mktemp("data")
+    write_synthetic_traces(root / "kind-a", noise=0.02)
+    write_synthetic_traces(
+        root / "kind-b", noise=0.02, seed=1, hardware_changes={"inter_node_gbps": 25}
+    )
+    sets = [(name, load_traces(root / name)) for name in ("kind-a", "kind-b")]
+    return root, calibrate_traces(sets, learned=False)
+
+
+def test_unseen_hardware_refits_without_any_row_of_that_hardware(
+    two_kinds: tuple[Path, Calibration],
+) -> None:
+    root, base = two_kinds
+    assert [s.name for s in base.sources] == ["kind-a", "kind-b"]
+    a = load_traces(root / "kind-a")
+    refit, used = unseen_hardware_calibration(a, base, data_root=root, learned=False)
+    assert used == ["kind-b"] and refit.rows < base.rows
+    got = cross_validate(
+        a, "unseen-hardware", base=base, data_root=root, models=["beta"], learned=False
+    )[0]
+    # tripling every row of kind-a changes nothing the refit saw...
+    tripled = _scaled(a, "beta", lambda r: r.replicas > 1, 3.0)
+    again = cross_validate(
+        tripled, "unseen-hardware", base=base, data_root=root, models=["beta"], learned=False
+    )[0]
+    assert again.predicted_s.tolist() == got.predicted_s.tolist()
+    assert float(np.median(again.ape)) > 0.5
+
+
+def test_hardware_the_calibration_never_saw_uses_it_as_it_is(
+    two_kinds: tuple[Path, Calibration], tmp_path: Path
+) -> None:
+    _, base = two_kinds
+    new = load_traces(
+        write_synthetic_traces(tmp_path / "kind-c", hardware_changes={"gpus_per_node": 8})
+    )
+    same, used = unseen_hardware_calibration(new, base, data_root=tmp_path)
+    assert same is base and used == ["kind-a", "kind-b"]
+    got = cross_validate(new, "unseen-hardware", base=base, models=["alpha"])[0]
+    direct = predict_rows(new, "alpha", [r for r in new.rows["alpha"] if r.replicas > 1], base)
+    assert got.predicted_s.tolist() == direct.predicted_s.tolist()
+
+
+def test_refitting_without_the_other_sets_is_a_clear_error(
+    two_kinds: tuple[Path, Calibration], tmp_path: Path
+) -> None:
+    root, base = two_kinds
+    a = load_traces(root / "kind-a")
+    with pytest.raises(CalibrationError, match=r"kind-b is not under .*--data-root"):
+        unseen_hardware_calibration(a, base, data_root=tmp_path)
+
+
+def test_summary_reports_bias_and_interval_coverage(synthetic: TraceSet) -> None:
+    results = cross_validate(synthetic, "lomo", models=["alpha", "gamma"], learned=False)
+    summary = summarise(results, "lomo")
+    assert set(summary["models"]) == {"alpha", "gamma"}
+    every = np.concatenate([r.ape for r in results])
+    assert summary["overall"]["median_ape"] == pytest.approx(float(np.median(every)))
+    assert summary["overall"]["rows"] == every.size
+    assert 0.0 <= summary["overall"]["interval_coverage"] <= 1.0

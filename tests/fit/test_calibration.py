@@ -43,10 +43,11 @@ def fitted(synthetic: TraceSet) -> Calibration:
 
 def _effective_gbytes_s(phys: object) -> tuple[float, float]:
     """(across nodes, inside a node) for the synthetic cluster: one socket per NCCL
-    connection from a pod, 10 Gbps per flow in the placement group, 50 Gbps NIC."""
+    connection from a pod, its traffic to another host tunnelled as one flow capped at
+    10 Gbps in the placement group, 50 Gbps NIC."""
     eff = phys.tcp_efficiency  # type: ignore[attr-defined]
     flow = phys.tcp_flow_gbps  # type: ignore[attr-defined]
-    inter = min(50.0, NCCL_TCP_CHANNELS * min(10.0, flow)) * eff / 8
+    inter = min(50.0, 10.0, NCCL_TCP_CHANNELS * flow) * eff / 8
     intra = NCCL_TCP_CHANNELS * flow * eff / 8
     return inter, intra
 

@@ -10,6 +10,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -238,6 +239,9 @@ class FaultyS3Proxy:
         reset_next: the next N requests have their connection closed without a reply.
         fail_puts_matching: every PUT whose path contains this text gets
             ``500 InternalError`` (``None``: none).
+        fail_gets_matching: the same for GETs (a store whose reads keep failing).
+        outage_until: ``time.monotonic()`` before which every request has its
+            connection closed without a reply (an outage of the network or of S3).
         faults: how many faults were injected so far.
     """
 
@@ -246,6 +250,8 @@ class FaultyS3Proxy:
         self.throttle_next = 0
         self.reset_next = 0
         self.fail_puts_matching: str | None = None
+        self.fail_gets_matching: str | None = None
+        self.outage_until = 0.0
         self.faults = 0
         self.requests: list[str] = []
         self._lock = threading.Lock()
@@ -304,6 +310,9 @@ class FaultyS3Proxy:
     def _fault_for(self, method: str, path: str) -> str | None:
         with self._lock:
             self.requests.append(f"{method} {path}")
+            if time.monotonic() < self.outage_until:
+                self.faults += 1
+                return "reset"
             if self.reset_next > 0:
                 self.reset_next -= 1
                 self.faults += 1
@@ -313,6 +322,9 @@ class FaultyS3Proxy:
                 self.faults += 1
                 return "throttle"
             if method == "PUT" and self.fail_puts_matching and self.fail_puts_matching in path:
+                self.faults += 1
+                return "internal"
+            if method == "GET" and self.fail_gets_matching and self.fail_gets_matching in path:
                 self.faults += 1
                 return "internal"
             return None

@@ -63,9 +63,37 @@ class CheckpointError(SriftyError):
     """A checkpoint store cannot be reached, written or read."""
 
 
+class CheckpointMissingError(CheckpointError):
+    """A stored object is not there (deleted, or an upload that never finished).
+
+    Missing and corrupt checkpoints are the only reasons a resume may fall back to the
+    previous verified checkpoint.
+    """
+
+
+class StoreUnavailableError(CheckpointError):
+    """The store did not answer (connection refused or reset, timeout, 5xx, throttling).
+
+    Transient by nature: it is retried, and a resume that still meets it stops with this
+    error rather than start from an older checkpoint or from scratch.
+    """
+
+
 class LaunchError(SriftyError):
     """The launcher cannot start, monitor or stop a job."""
 
 
 class CredentialsError(LaunchError):
     """Cloud credentials are missing or unusable."""
+
+
+class CapacityError(LaunchError):
+    """The cloud has no capacity for the requested resources right now.
+
+    For the controller this is a preemption of length zero: the offer cools down and the
+    spot policy chooses again.
+    """
+
+
+class ApiUnavailableError(LaunchError):
+    """The SkyPilot API server stayed unreachable for longer than the launcher waits."""

@@ -14,7 +14,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # ---------------------------------------------------------------------------------------
 # SkyPilot SDK (owned by the SkyPilot adapter, lightning_srifty/launch/sky_backend.py)
@@ -148,32 +148,50 @@ class FakeSkySdk:
 
 
 # ---------------------------------------------------------------------------------------
-# EC2 instance metadata service (owned by capture/environment.py and capture/preemption.py)
+# EC2 instance metadata service (owned by capture/imds.py, used by capture/environment.py
+# and capture/preemption.py)
 #
-# 169.254.169.254 exists only on EC2. FakeImds answers the IMDSv2 calls we make: the
-# token PUT, instance type, region, and the spot interruption notice (404 until set).
+# 169.254.169.254 exists only on EC2. FakeImds answers the IMDSv2 calls we make, the
+# way AWS documents them ("Use IMDSv2", "Instance metadata categories"): a PUT to
+# /latest/api/token with X-aws-ec2-metadata-token-ttl-seconds (1..21600) returns a token
+# valid for that many seconds; a GET without a valid token is 401; the spot
+# instance-action path is 404 until AWS schedules an interruption. It can also hang:
+# the first `hang_next` requests are accepted and never answered (a service or network
+# that does not respond), which is what a client must survive.
 # ---------------------------------------------------------------------------------------
 
 
 class FakeImds(BaseHTTPRequestHandler):
-    """IMDSv2 on 127.0.0.1: tokens, instance type, region and the spot notice."""
+    """IMDSv2 on 127.0.0.1: expiring tokens, instance type, region and the spot notice."""
 
-    token = "t0k3n"
     requests: list[str] = []
+    answered: list[int] = []
     spot_notice: dict[str, str] | None = None
     """Set to e.g. ``{"action": "terminate", "time": "..."}`` to issue a notice."""
+    hang_next = 0
+    tokens: dict[str, float] = {}
+    """Token -> expiry (``time.monotonic()``)."""
+    release = threading.Event()
 
     def do_PUT(self) -> None:  # noqa: N802
         self.requests.append(f"PUT {self.path}")
-        ok = (
-            self.path == "/latest/api/token"
-            and "X-aws-ec2-metadata-token-ttl-seconds" in self.headers
-        )
-        self._reply(self.token if ok else "", 200 if ok else 400)
+        if self._hang():
+            return
+        raw = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+        ok = self.path == "/latest/api/token" and raw.isdigit() and 1 <= int(raw) <= 21600
+        if not ok:
+            self._reply("", 400)
+            return
+        token = f"t0k3n-{len(self.tokens)}"
+        self.tokens[token] = time.monotonic() + int(raw)
+        self._reply(token, 200)
 
     def do_GET(self) -> None:  # noqa: N802
         self.requests.append(f"GET {self.path}")
-        if self.headers.get("X-aws-ec2-metadata-token") != self.token:
+        if self._hang():
+            return
+        expiry = self.tokens.get(self.headers.get("X-aws-ec2-metadata-token", ""))
+        if expiry is None or time.monotonic() >= expiry:
             self._reply("", 401)
             return
         answers = {
@@ -184,7 +202,19 @@ class FakeImds(BaseHTTPRequestHandler):
             answers["/latest/meta-data/spot/instance-action"] = json.dumps(self.spot_notice)
         self._reply(answers.get(self.path, ""), 200 if self.path in answers else 404)
 
+    def _hang(self) -> bool:
+        """Accepts the request and never answers it (until the server stops)."""
+        cls = type(self)
+        if cls.hang_next <= 0:
+            return False
+        cls.hang_next -= 1
+        self.answered.append(0)
+        cls.release.wait(60)
+        self.close_connection = True
+        return True
+
     def _reply(self, body: str, status: int) -> None:
+        self.answered.append(status)
         data = body.encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
@@ -199,17 +229,32 @@ class FakeImds(BaseHTTPRequestHandler):
 def serve_fake_imds() -> Iterator[str]:
     """Runs :class:`FakeImds` on a free port; yields its endpoint URL."""
     FakeImds.requests = []
+    FakeImds.answered = []
     FakeImds.spot_notice = None
-    server = HTTPServer(("127.0.0.1", 0), FakeImds)
+    FakeImds.hang_next = 0
+    FakeImds.tokens = {}
+    FakeImds.release = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)
+    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        FakeImds.release.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
         FakeImds.spot_notice = None
+
+
+@contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """A socket on 127.0.0.1 that accepts connections and never answers; yields its URL."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)  # the kernel completes handshakes; nothing is ever read
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 # ---------------------------------------------------------------------------------------

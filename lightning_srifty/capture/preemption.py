@@ -28,8 +28,6 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +36,24 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_srifty.capture.environment import IMDS_ENDPOINT, imds_enabled
+from lightning_srifty.capture.imds import (
+    DMI_DIR,
+    HYPERVISOR_UUID,
+    IMDS_ENDPOINT,
+    ImdsClient,
+    imds_allowed,
+)
 from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.errors import MetadataUnavailableError
 
 log = logging.getLogger(__name__)
 
-SPOT_NOTICE_PATH = "/latest/meta-data/spot/instance-action"
+SPOT_NOTICE_PATH = "spot/instance-action"
 SPOT_POLL_S = 5.0
 """AWS recommends polling the notice every 5 seconds."""
-IMDS_TIMEOUT_S = 0.5
-TOKEN_TTL_S = 21600
+IMDS_TIMEOUT_S = 1.0
+POLL_BACKOFF_MAX_S = 60.0
+"""Longest wait between polls while the metadata service does not answer."""
 
 
 @dataclass(frozen=True)
@@ -58,49 +64,39 @@ class SpotNotice:
     time: str
 
 
-def fetch_spot_notice(
-    endpoint: str = IMDS_ENDPOINT, token: str | None = None, timeout_s: float = IMDS_TIMEOUT_S
-) -> tuple[SpotNotice | None, str | None]:
-    """One IMDSv2 look-up of the spot notice.
+def fetch_spot_notice(client: ImdsClient) -> SpotNotice | None:
+    """One IMDSv2 look-up of the spot notice: ``None`` (404) on a healthy spot VM.
 
-    Returns:
-        ``(notice or None, token)``; the token is ``None`` when the metadata service is
-        unreachable (not on EC2), which tells the poller to stop.
+    Raises:
+        MetadataUnavailableError: the service did not answer after the client's retries.
     """
+    text = client.get(SPOT_NOTICE_PATH)
+    if text is None:
+        return None
     try:
-        if token is None:
-            request = urllib.request.Request(
-                f"{endpoint}/latest/api/token",
-                method="PUT",
-                headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)},
-            )
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310
-                token = resp.read().decode()
-        request = urllib.request.Request(
-            f"{endpoint}{SPOT_NOTICE_PATH}", headers={"X-aws-ec2-metadata-token": token}
-        )
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310
-            body: Any = json.loads(resp.read().decode() or "{}")
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:  # no notice: the normal case on a healthy spot VM
-            return None, token
-        if exc.code == 401:  # token expired; fetch a new one next time
-            return None, ""
-        return None, token
-    except (OSError, ValueError):
-        return None, token if token else None
+        body: Any = json.loads(text or "{}")
+    except ValueError:
+        return None
     if not isinstance(body, dict):
-        return None, token
-    return SpotNotice(str(body.get("action", "terminate")), str(body.get("time", ""))), token
+        return None
+    return SpotNotice(str(body.get("action", "terminate")), str(body.get("time", "")))
 
 
 class PreemptionWatcher:
     """Raises a flag on SIGTERM or an EC2 spot notice.
 
+    The notice is polled only on EC2 (see :func:`~lightning_srifty.capture.imds.imds_allowed`).
+    A metadata service that stops answering is retried with a growing wait (up to
+    :data:`POLL_BACKOFF_MAX_S`), never given up on: one slow answer must not switch off
+    the two-minute warning for the rest of the run.
+
     Args:
-        env: Environment (``SRIFTY_IMDS=off`` disables the metadata service).
+        env: Environment (``SRIFTY_IMDS``: ``auto``, ``on`` or ``off``).
         endpoint: The metadata service (tests point it at a local server).
         poll_s: Seconds between spot-notice look-ups.
+        client: A prepared metadata client (tests shorten its timeouts and token TTL).
+        dmi_dir: Where the DMI vendor files are (tests pass their own).
+        hypervisor_uuid: Xen's ``/sys/hypervisor/uuid`` (older EC2 instances).
     """
 
     def __init__(
@@ -109,10 +105,18 @@ class PreemptionWatcher:
         *,
         endpoint: str = IMDS_ENDPOINT,
         poll_s: float = SPOT_POLL_S,
+        client: ImdsClient | None = None,
+        dmi_dir: Path = DMI_DIR,
+        hypervisor_uuid: Path = HYPERVISOR_UUID,
     ):
         self.env = os.environ if env is None else env
         self.endpoint = endpoint
         self.poll_s = poll_s
+        self.client = client
+        self.dmi_dir = dmi_dir
+        self.hypervisor_uuid = hypervisor_uuid
+        self.failed_polls = 0
+        """Look-ups that got no answer (each already retried by the client)."""
         self.reason = ""
         self.noticed_at: float | None = None
         self._flag = threading.Event()
@@ -126,7 +130,8 @@ class PreemptionWatcher:
         if threading.current_thread() is threading.main_thread() and not self._installed:
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._installed = True
-        if imds_enabled(self.env) and self._thread is None:
+        allowed = imds_allowed(self.env, dmi_dir=self.dmi_dir, hypervisor_uuid=self.hypervisor_uuid)
+        if allowed and self._thread is None:
             self._thread = threading.Thread(
                 target=self._poll, name="srifty-spot-notice", daemon=True
             )
@@ -142,12 +147,20 @@ class PreemptionWatcher:
             self._flag.set()
 
     def _poll(self) -> None:
-        token: str | None = ""
+        client = self.client or ImdsClient(self.endpoint, timeout_s=IMDS_TIMEOUT_S)
+        misses = 0
         while not self._stop.is_set():
-            notice, token = fetch_spot_notice(self.endpoint, token or None)
-            if token is None:
-                log.debug("no EC2 metadata service; not polling for spot notices")
-                return
+            try:
+                notice = fetch_spot_notice(client)
+            except MetadataUnavailableError as exc:
+                misses += 1
+                self.failed_polls += 1
+                wait = min(self.poll_s * 2 ** min(misses, 6), POLL_BACKOFF_MAX_S)
+                if misses == 1 or misses % 10 == 0:
+                    log.warning("spot notice look-up failed (%s); retrying in %.0f s", exc, wait)
+                self._stop.wait(wait)
+                continue
+            misses = 0
             if notice is not None:
                 log.warning("EC2 spot interruption notice: %s at %s", notice.action, notice.time)
                 self._raise(f"EC2 spot notice ({notice.action} at {notice.time})")

@@ -59,6 +59,10 @@ class InfeasibleError(SriftyError):
     """No plan meets the constraints; the message says what is achievable."""
 
 
+class MetadataUnavailableError(SriftyError):
+    """The EC2 instance metadata service did not answer (used inside the job only)."""
+
+
 class CheckpointError(SriftyError):
     """A checkpoint store cannot be reached, written or read."""
 

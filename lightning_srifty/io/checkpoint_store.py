@@ -39,6 +39,7 @@ unavailable store.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -305,7 +306,7 @@ class CheckpointStore(ABC):
             dest = dest_dir / f"{ref.id}.ckpt"
             try:
                 self._patiently(
-                    lambda r=ref, d=dest: self._get_file(r.data_name, d),  # type: ignore[misc]
+                    functools.partial(self._get_file, ref.data_name, dest),
                     f"downloading checkpoint {ref.id}",
                     started,
                 )

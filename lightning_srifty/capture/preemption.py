@@ -10,9 +10,11 @@ A spot VM gets two minutes' warning. Two signals carry it here:
 
 :class:`PreemptionWatcher` turns either into a flag that the callback reads at the next
 step boundary (a signal handler only sets the flag: checkpointing from inside a handler
-could interrupt a collective half-way). Ranks then agree (one boolean all-reduce) so
-that every rank saves the same emergency checkpoint, and the job exits with
-:data:`~lightning_srifty.core.launch_protocol.PREEMPTED_EXIT_CODE`.
+could interrupt a collective half-way). Ranks then agree (:class:`StepVote`) so that
+every rank saves the same emergency checkpoint at the same step, and the job exits with
+:data:`~lightning_srifty.core.launch_protocol.PREEMPTED_EXIT_CODE`. The same vote
+carries rank zero's "a periodic checkpoint is due" (a clock reading that ranks would
+otherwise each judge on their own, and saving is collective: ranks that disagree hang).
 
 The watcher replaces Lightning's own SIGTERM handler while training runs: Lightning's
 handler broadcasts from inside the signal handler and then aborts the fit loop with
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -179,8 +182,135 @@ class PreemptionWatcher:
 
 
 def agree_across_ranks(trainer: pl.Trainer, noticed: bool) -> bool:
-    """True on every rank when any rank saw a notice (a one-boolean all-reduce)."""
+    """True on every rank when any rank saw a notice (a blocking one-boolean all-reduce).
+
+    Kept as the reference the overhead benchmark compares :class:`StepVote` with.
+    """
     return bool(trainer.strategy.reduce_boolean_decision(noticed, all=False))
+
+
+@dataclass(frozen=True)
+class VoteResult:
+    """What every rank agreed on at this step boundary."""
+
+    preempt: bool = False
+    """Some rank saw a preemption notice: save an emergency checkpoint and exit."""
+    checkpoint: bool = False
+    """Rank zero found a time-based periodic checkpoint due: save one now."""
+
+
+NO_DECISION = VoteResult()
+VOTE_PERIOD_S = 1.0
+"""Aim: one vote a second, whatever the step time (a two-minute notice has room)."""
+MAX_VOTE_EVERY = 10_000
+
+
+class StepVote:
+    """A rank-agreed decision at step boundaries that costs next to nothing per step.
+
+    Every ``k`` steps each rank starts a *non-blocking* all-reduce of three numbers on a
+    private gloo group (CPU tensors: the GPU stream is never touched or synchronised):
+    its own notice flag, rank zero's "periodic checkpoint due" flag, and rank zero's
+    choice of ``k`` for the next round. ``k`` steps later every rank collects the sum,
+    which arrived long ago, so ``wait()`` returns at once. Because all ranks count the
+    same steps, they collect, and act, at the same step: an emergency checkpoint or a
+    periodic one is decided once, for all of them.
+
+    Rank zero picks ``k`` from its step time so that a round lasts about
+    :data:`VOTE_PERIOD_S`; a notice therefore reaches every rank within about two
+    periods. Without torch.distributed (one process) the flags are used as they are.
+    :attr:`spent_s` and :attr:`steps` let the benchmark report the cost per step.
+    """
+
+    def __init__(self, *, period_s: float = VOTE_PERIOD_S, max_every: int = MAX_VOTE_EVERY):
+        self.period_s = period_s
+        self.max_every = max(int(max_every), 1)
+        self.every = 1
+        self.steps = 0
+        self.rounds = 0
+        self.collect_s = 0.0
+        """Training-thread seconds spent collecting results (mostly ``wait()``)."""
+        self.launch_s = 0.0
+        """Training-thread seconds spent starting rounds."""
+        self._group: Any = None
+        self._rank = 0
+        self._work: Any = None
+        self._buffer: Any = None
+        self._collect_at = 0
+        self._last_step_at: float | None = None
+        self._step_s: float | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self._group is not None
+
+    @property
+    def spent_s(self) -> float:
+        """Training-thread seconds the vote cost so far."""
+        return self.collect_s + self.launch_s
+
+    def start(self) -> None:
+        """Creates the private gloo group; a collective, so every rank must call it."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._rank = dist.get_rank()
+            self._group = dist.new_group(backend="gloo")
+
+    def collect(self) -> VoteResult:
+        """At a step boundary: the agreed result if a round ends here, else no decision."""
+        began = time.perf_counter()
+        self.steps += 1
+        if self._rank == 0:
+            if self._last_step_at is not None:
+                dt = began - self._last_step_at
+                self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
+            self._last_step_at = began
+        result = NO_DECISION
+        if self._work is not None and self.steps >= self._collect_at:
+            self._work.wait()
+            preempt, due, every = (float(v) for v in self._buffer.tolist())
+            self._work = None
+            self.rounds += 1
+            result = VoteResult(preempt > 0, due > 0)
+            if every >= 1:
+                self.every = min(int(every), self.max_every)
+        self.collect_s += time.perf_counter() - began
+        return result
+
+    def launch(self, notice: bool, checkpoint_due: bool) -> VoteResult:
+        """After acting on :meth:`collect`: starts the next round if none is running.
+
+        Returns the decision to apply *now* when there is nothing to agree with (one
+        process); with several ranks the answer comes from a later :meth:`collect`.
+        """
+        if self._group is None:
+            return VoteResult(notice, checkpoint_due)
+        if self._work is not None:
+            return NO_DECISION
+        import torch
+        import torch.distributed as dist
+
+        began = time.perf_counter()
+        proposal = 0.0
+        if self._rank == 0 and self._step_s:
+            proposal = float(min(max(math.ceil(self.period_s / self._step_s), 1), self.max_every))
+        mine = [
+            1.0 if notice else 0.0,
+            1.0 if (checkpoint_due and self._rank == 0) else 0.0,
+            proposal if self._rank == 0 else 0.0,
+        ]
+        self._buffer = torch.tensor(mine, dtype=torch.float64)
+        self._work = dist.all_reduce(self._buffer, group=self._group, async_op=True)
+        self._collect_at = self.steps + self.every
+        self.launch_s += time.perf_counter() - began
+        return NO_DECISION
+
+    def finish(self) -> None:
+        """Waits for a round still in flight (training ended between two rounds)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
 
 
 def finish_preempted(state_dir: Path | None) -> int:

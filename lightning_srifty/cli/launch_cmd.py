@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", default="20s", help="SIGTERM-to-SIGKILL grace on revocation")
     p.add_argument("--local-procs", type=int, default=2, help="local backend: max processes")
     p.add_argument("--local-nodes", type=int, default=2, help="local backend: max nodes")
+    p.add_argument(
+        "--keep-clusters",
+        action="store_true",
+        help="sky backends: keep clusters up on Ctrl-C (srifty down RUN_DIR)",
+    )
+    p.add_argument("--setup", help="sky backends: extra node setup commands (shell)")
     return p
 
 
@@ -142,6 +148,8 @@ def options_from_args(
         local_max_nodes=args.local_nodes,
         local_max_procs=args.local_procs,
         policy=args.policy,
+        keep_clusters=args.keep_clusters,
+        setup=args.setup,
     )
 
 
@@ -257,7 +265,7 @@ class RichUI:
         table.add_row("steps done", f"{run.steps_done} / {run.target_steps}")
         resumed = [a.resumed_from for a in run.attempts if a.resumed_from]
         table.add_row("resumed from", ", ".join(resumed) or "-")
-        table.add_row("preemptions survived", str(len(run.migrations)))
+        table.add_row("preemptions survived", str(len(run.migrations) + run.recoveries))
         for move in run.migrations:
             table.add_row(
                 "  migration",

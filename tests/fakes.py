@@ -166,6 +166,8 @@ class ClusterScript:
     """The launch fails with ResourcesUnavailableError."""
     error: BaseException | None = None
     """The launch fails with this SkyPilot exception instead (credentials, prechecks)."""
+    interrupted: bool = False
+    """Ctrl-C arrives while the client streams the provisioning (KeyboardInterrupt)."""
     provision_s: float = 90.0
     setup_s: float = 60.0
     setup_fails: bool = False
@@ -506,6 +508,9 @@ class FakeSkyApi:
                     f"Failed to provision all possible launchable resources for {name}: "
                     "InsufficientInstanceCapacity in every zone"
                 )
+            if script.interrupted:
+                self.clock.sleep(10.0)
+                raise KeyboardInterrupt  # the user pressed Ctrl-C during provisioning
             if self.clock.now < cluster.up_at:
                 self.clock.sleep(cluster.up_at - self.clock.now)  # streaming provision logs
             n = cluster.index

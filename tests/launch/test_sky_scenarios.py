@@ -9,6 +9,7 @@ cluster it started is down afterwards (the fake records each ``down``).
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,10 +23,12 @@ from lightning_srifty.core.errors import LaunchError
 from lightning_srifty.core.monitor import Expectation
 from lightning_srifty.core.spot import make_policy
 from lightning_srifty.io.cluster_ledger import ClusterLedger
+from lightning_srifty.launch.backend import LaunchSpec
 from lightning_srifty.launch.controller import Controller, RunSummary
 from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
-from lightning_srifty.launch.sky_backend import ApiPatience, SkyBackend
-from tests.fakes import ClusterScript, FakeSkyApi
+from lightning_srifty.launch.sky_backend import ApiPatience, SkyBackend, SkyClient
+from lightning_srifty.launch.sky_jobs import SkyJobsBackend
+from tests.fakes import SAVE_S, ClusterScript, FakeSkyApi
 from tests.launch.test_sky_backend import homogeneous
 
 TARGET = 2000
@@ -40,7 +43,7 @@ class Outcome:
     summary: RunSummary | None
     error: str
     fake: FakeSkyApi
-    backend: SkyBackend
+    backend: SkyClient
     controller: Controller
     decider: PolicyDecider
     ledger: list[tuple[str, str]] = field(default_factory=list)
@@ -53,24 +56,17 @@ def run(
     first: Plan = HOME,
     prepare: Callable[[FakeSkyApi], None] | None = None,
     api: ApiPatience | None = None,
+    policy_every_s: float | None = None,
+    managed: bool = False,
+    interrupt_after_polls: int | None = None,
+    keep: bool = False,
 ) -> Outcome:
     fake = FakeSkyApi(scripts=scripts)
     if prepare is not None:
         prepare(fake)
-    backend = SkyBackend(
-        sdk=fake,
-        setup="true",
-        ship_package=False,
-        run_dir=tmp_path,
-        checkpoint_uri="s3://srifty-bucket/run",
-        api=api,
-        clock=fake.clock.monotonic,
-        sleep=fake.clock.sleep,
-        # The log follower's reconnect waits are real and short: the virtual clock runs
-        # only as fast as the controller polls, so a follower that waited on it would
-        # fall behind a job that, in virtual time, finishes in milliseconds.
-        log_sleep=lambda seconds: time.sleep(0.001),
-    )
+    backend = make_backend(fake, tmp_path, api=api, managed=managed, keep=keep)
+    if isinstance(backend, SkyJobsBackend):
+        backend.candidates = (first, OTHER, ON_DEMAND)
     decider = PolicyDecider(
         policy=make_policy("srifty"),
         candidates=lambda remaining, elapsed: Candidates((HOME, OTHER), ON_DEMAND),
@@ -95,14 +91,55 @@ def run(
         clock=fake.clock.monotonic,
         sleep=fake.clock.sleep,
         wall=fake.clock.time,
+        policy_every_s=policy_every_s,
+        keep_on_interrupt=keep,
     )
+    if interrupt_after_polls is not None:
+        polls = [0]
+
+        def press_ctrl_c(plan: Plan, snap: object) -> None:
+            polls[0] += 1
+            if polls[0] >= interrupt_after_polls:
+                raise KeyboardInterrupt
+
+        controller.on_update = press_ctrl_c
     summary, error = None, ""
     try:
         summary = controller.run(first)
     except LaunchError as exc:
         error = str(exc)
+    except KeyboardInterrupt:
+        error = "KeyboardInterrupt"
     ledger = [(e.name, e.state) for e in ClusterLedger(tmp_path).entries()]
     return Outcome(summary, error, fake, backend, controller, decider, ledger)
+
+
+def make_backend(
+    fake: FakeSkyApi,
+    run_dir: Path,
+    *,
+    api: ApiPatience | None = None,
+    managed: bool = False,
+    keep: bool = False,
+) -> SkyClient:
+    settings: dict[str, Any] = {
+        "sdk": fake,
+        "setup": "true",
+        "ship_package": False,
+        "run_dir": run_dir,
+        "checkpoint_uri": "s3://srifty-bucket/run",
+        "api": api,
+        "keep_clusters": keep,
+        "clock": fake.clock.monotonic,
+        "sleep": fake.clock.sleep,
+        # The log follower's reconnect waits are real and short: the virtual clock runs
+        # only as fast as the controller polls, so a follower that waited on it would
+        # fall behind a job that, in virtual time, finishes in milliseconds.
+        "log_sleep": lambda seconds: time.sleep(0.001),
+    }
+    if managed:
+        return SkyJobsBackend(jobs_sdk=fake.jobs, **settings)
+    return SkyBackend(**settings)
 
 
 def _launched(outcome: Outcome) -> list[str]:
@@ -114,6 +151,10 @@ def _assert_all_down(outcome: Outcome) -> None:
     assert outcome.fake.left_up() == []
     assert all(state == "down" for _, state in outcome.ledger), outcome.ledger
     assert {name for name, _ in outcome.ledger} == set(_launched(outcome))
+    for name in outcome.fake.clusters:
+        cluster = outcome.fake.clusters[name]
+        taken_back = cluster.reclaim_at is not None and cluster.script.reclaim == "terminate"
+        assert name in outcome.fake.downs or taken_back, f"{name} was never taken down"
 
 
 def _completed(outcome: Outcome) -> RunSummary:
@@ -215,6 +256,19 @@ def user_code_crashes(o: Outcome) -> None:
     assert "the job on srifty-1-" in o.error and "sky logs" in o.error
 
 
+def back_to_spot(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("policy move; srifty: spot up in two zones or more")
+    assert move.from_plan.endswith("on-demand use1-az1") and "spot" in move.to_plan
+    # Drained: SkyPilot's cancel sent SIGTERM, the job saved, the next one resumed there.
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.cancelled_at is not None and _launched(o)[0] in o.fake.cancels
+    saved = first.step_at(first.cancelled_at + SAVE_S)
+    assert move.resumed_step == saved >= move.step_at_preemption > 0
+    assert len(summary.attempts) == 2 and summary.attempts[1].plan.use_spot
+
+
 def on_demand_interrupted(o: Outcome) -> None:
     summary = _completed(o)
     (move,) = summary.migrations
@@ -277,6 +331,11 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
     ),
     "setup-fails": ([ClusterScript(setup_fails=True)], {}, setup_fails),
     "user-code-crashes": ([ClusterScript(crash_after_s=200)], {}, user_code_crashes),
+    "on-demand-policy-returns-to-spot": (
+        [ClusterScript(), ClusterScript()],
+        {"first": ON_DEMAND, "policy_every_s": 300.0},
+        back_to_spot,
+    ),
     "on-demand-interrupted": (
         [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
         {"first": ON_DEMAND},
@@ -291,3 +350,142 @@ def test_scenario(name: str, tmp_path: Path, sky_offline: object) -> None:
     outcome = run(tmp_path, [ClusterScript(**vars(s)) for s in scripts], **options)
     check(outcome)
     _assert_all_down(outcome)
+
+
+# ------------------------------------------------------------------- managed jobs
+def managed_healthy(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 0
+    ((name, task, _),) = o.fake.launched
+    assert isinstance(task.resources, list)  # ordered candidates
+    assert [r.instance_type for r in task.resources] == ["g5.12xlarge", "g4dn.12xlarge",
+                                                           "g5.12xlarge"]  # fmt: skip
+    assert [r.use_spot for r in task.resources] == [True, True, False]
+    assert o.fake.downs == [f"{name}-1"]  # the jobs controller cleaned its cluster up
+
+
+def managed_recovers_from_notice(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 1 and summary.migrations == ()
+    events = summary.attempts[0].events
+    preempted = next(e for e in events if e.event == "preempted")
+    resumed = next(e for e in events if e.event == "resumed")
+    assert resumed.step == preempted.step  # SkyPilot recovered on exit 75; nothing lost
+
+
+def managed_recovers_from_reclaim(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 1
+
+
+def managed_no_capacity_then_next_resource(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 0
+    assert len(o.fake.clusters) == 1  # the first ordered resource had no capacity
+
+
+def managed_no_resource(o: Outcome) -> None:
+    assert o.summary is None
+    assert "managed job 1 ended FAILED_NO_RESOURCE" in o.error
+
+
+def managed_setup_fails(o: Outcome) -> None:
+    assert o.summary is None
+    assert "managed job 1 ended FAILED_SETUP" in o.error
+
+
+def managed_user_crash(o: Outcome) -> None:
+    assert o.summary is None
+    assert "ended FAILED: Job exited with exit code 1 (user program failure)" in o.error
+
+
+def managed_api_away(o: Outcome) -> None:
+    _completed(o)
+    assert o.backend.api_retries >= 3
+
+
+def managed_ctrl_c(o: Outcome) -> None:
+    assert o.error == "KeyboardInterrupt"
+    assert o.fake.managed[1].status == "CANCELLED"  # Ctrl-C cancelled the managed job
+
+
+MANAGED: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcome], None]]] = {
+    "healthy": ([ClusterScript()], {}, managed_healthy),
+    "notice-exit-75-recovered": (
+        [ClusterScript(preempt_after_s=300), ClusterScript()],
+        {},
+        managed_recovers_from_notice,
+    ),
+    "reclaimed-recovered": (
+        [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
+        {},
+        managed_recovers_from_reclaim,
+    ),
+    "no-capacity-then-next-resource": (
+        [ClusterScript(no_capacity=True), ClusterScript()],
+        {},
+        managed_no_capacity_then_next_resource,
+    ),
+    "no-resource-anywhere": ([ClusterScript(no_capacity=True)] * 3, {}, managed_no_resource),
+    "setup-fails": ([ClusterScript(setup_fails=True)], {}, managed_setup_fails),
+    "user-code-crashes": ([ClusterScript(crash_after_s=100)], {}, managed_user_crash),
+    "api-away-10-min": (
+        [ClusterScript()],
+        {"prepare": lambda fake: fake.outages.append((400.0, 1000.0))},
+        managed_api_away,
+    ),
+    "ctrl-c-cancels": ([ClusterScript()], {"interrupt_after_polls": 30}, managed_ctrl_c),
+}
+
+
+@pytest.mark.parametrize("name", list(MANAGED))
+def test_managed_job_scenario(name: str, tmp_path: Path, sky_offline: object) -> None:
+    scripts, options, check = MANAGED[name]
+    outcome = run(tmp_path, [ClusterScript(**vars(x)) for x in scripts], managed=True, **options)
+    check(outcome)
+    assert outcome.fake.left_up() == []  # whatever happened, no cluster is left
+    assert all(state == "down" for _, state in outcome.ledger), outcome.ledger
+
+
+# ------------------------------------------------------------------------ Ctrl-C
+def test_ctrl_c_takes_the_clusters_down(tmp_path: Path, sky_offline: object) -> None:
+    outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40)
+    assert outcome.error == "KeyboardInterrupt"
+    _assert_all_down(outcome)
+
+
+def test_ctrl_c_with_keep_clusters_leaves_them_for_srifty_down(
+    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_srifty.cli import down_cmd
+
+    outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40, keep=True)
+    assert outcome.error == "KeyboardInterrupt"
+    (name,) = _launched(outcome)
+    assert outcome.fake.left_up() == [name] and outcome.ledger == [(name, "up")]
+    # Later: `srifty down RUN_DIR` (its backend talks to the same fake server).
+    later = make_backend(outcome.fake, tmp_path)
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=later) == 0
+    assert outcome.fake.left_up() == [] and name in outcome.fake.downs
+    assert [e.state for e in ClusterLedger(tmp_path).entries()] == ["down"]
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=later) == 0
+    assert "every cluster is down; nothing to do" in capsys.readouterr().out
+
+
+def test_ctrl_c_while_provisioning_cancels_and_tears_down(
+    tmp_path: Path, sky_offline: object
+) -> None:
+    outcome = run(tmp_path, [ClusterScript(interrupted=True)])
+    assert outcome.error == "KeyboardInterrupt"
+    assert "api_cancel" in outcome.fake.calls  # the launch request was cancelled
+    _assert_all_down(outcome)
+
+
+def test_teardown_waits_out_an_api_outage(tmp_path: Path, sky_offline: object) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    backend = make_backend(fake, tmp_path)
+    handle = backend.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    fake.outages.append((fake.clock.now, fake.clock.now + 900.0))  # 15 minutes away
+    backend.stop(handle)
+    assert fake.left_up() == [] and fake.clock.now >= 900.0
+    assert backend.api_retries >= 5

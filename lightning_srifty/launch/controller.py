@@ -407,8 +407,10 @@ class Controller:
                     no_capacity=str(exc),
                 )  # fmt: skip
             reached = max(reached, report.last_step)
-            spot_event = plan.use_spot and (report.state is JobState.PREEMPTED)
-            self.next_planner.record(plan_key(plan), report.elapsed_s / 3600.0, spot_event)
+            spot_event = plan.use_spot and report.state is JobState.PREEMPTED
+            if plan.use_spot and report.moved_to is None:
+                # What the spot market did; on-demand time says nothing about it.
+                self.next_planner.record(plan_key(plan), report.elapsed_s / 3600.0, spot_event)
             attempts.append(report)
             cost += report.expectation.hourly_usd * report.elapsed_s / 3600.0
             if migrations and preempted_at is not None and not report.no_capacity:

@@ -38,9 +38,12 @@ def run(args: argparse.Namespace, *, backend: Any = None) -> int:
         print(f"{run_dir / LEDGER_NAME}: {known}; nothing to do")
         return 0
     if backend is None:
+        from lightning_srifty.launch.sky_backend import ApiPatience
         from lightning_srifty.launch.sky_jobs import SkyJobsBackend
 
-        backend = SkyJobsBackend(run_dir=run_dir, run_id=ledger.run_id or None)
+        backend = SkyJobsBackend(
+            run_dir=run_dir, run_id=ledger.run_id or None, api=ApiPatience(patience_s=120.0)
+        )
     names = ", ".join(f"{e.name} ({e.kind})" for e in pending)
     print(f"taking down {names}")
     try:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
-import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +83,7 @@ def build_wheel(out_dir: str | Path) -> BuiltWheel:
             f"{DIST_NAME} is not installed here (no package metadata), so it cannot be "
             "shipped to the nodes; install it with `pip install -e .` or from a wheel"
         ) from None
-    metadata = dist.read_text("METADATA") or ""
+    metadata = _metadata(dist)
     entry_points = dist.read_text("entry_points.txt") or ""
     root = Path(lightning_srifty.__file__).resolve().parent
     files = [(f"lightning_srifty/{p.relative_to(root).as_posix()}", p.read_bytes())
@@ -97,7 +96,7 @@ def build_wheel(out_dir: str | Path) -> BuiltWheel:
     version = f"{base_version}+b{digest.hexdigest()[:12]}"
     info = f"lightning_srifty-{version}.dist-info"
     entries = list(files)
-    entries.append((f"{info}/METADATA", _with_version(metadata, version).encode()))
+    entries.append((f"{info}/METADATA", metadata.replace("@VERSION@", version).encode()))
     entries.append(
         (
             f"{info}/WHEEL",
@@ -124,10 +123,22 @@ def build_wheel(out_dir: str | Path) -> BuiltWheel:
     return BuiltWheel(path, version)
 
 
-def _with_version(metadata: str, version: str) -> str:
-    if re.search(r"(?m)^Version: ", metadata):
-        return re.sub(r"(?m)^Version: .*$", f"Version: {version}", metadata, count=1)
-    return f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: {version}\n" + metadata
+def _metadata(dist: importlib.metadata.Distribution) -> str:
+    """Core metadata for the wheel (version left as ``@VERSION@``).
+
+    Written from the distribution's fields rather than copied: an editable install may
+    be found through its ``.egg-info`` (``PKG-INFO`` without ``Requires-Dist``; the
+    requirements are in ``requires.txt``), and the node must get the dependencies.
+    """
+    meta = dist.metadata
+    lines = ["Metadata-Version: 2.1", f"Name: {DIST_NAME}", "Version: @VERSION@"]
+    for key in ("Summary", "Requires-Python", "License"):
+        value = meta[key] if key in meta else None
+        if value:
+            lines.append(f"{key}: {value}")
+    lines.extend(f"Provides-Extra: {extra}" for extra in meta.get_all("Provides-Extra") or [])
+    lines.extend(f"Requires-Dist: {req}" for req in dist.requires or [])
+    return "\n".join(lines) + "\n"
 
 
 def _b64(data: bytes) -> str:

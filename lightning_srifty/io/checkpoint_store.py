@@ -338,15 +338,17 @@ class CheckpointStore(ABC):
             except StoreUnavailableError as exc:
                 self.unavailable_seen = True
                 waited = self.clock() - started
-                if waited + wait > self.patience_s:
+                left = self.patience_s - waited
+                if left <= 0:
                     raise StoreUnavailableError(
                         f"{self.uri} stayed unreachable for {waited:.0f} s while {what} "
                         f"({exc}); stopping instead of resuming from an older checkpoint "
                         "or from scratch, and nothing was deleted - retry when the store "
                         "is reachable"
                     ) from None
-                log.warning("%s: store unavailable (%s); retrying in %.0f s", what, exc, wait)
-                self.sleep(wait)
+                pause = min(wait, left)
+                log.warning("%s: store unavailable (%s); retrying in %.0f s", what, exc, pause)
+                self.sleep(pause)
                 wait = min(wait * 2, longest)
 
     def prune(self) -> None:

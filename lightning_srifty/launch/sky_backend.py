@@ -919,15 +919,17 @@ class SkyClient:
                 waited = self._clock() - started
                 if not retry:
                     raise LaunchError(f"{what}: SkyPilot API server unavailable ({exc})") from None
-                if waited + wait > self.api.patience_s:
+                left = self.api.patience_s - waited
+                if left <= 0:
                     raise ApiUnavailableError(
                         f"{what}: the SkyPilot API server was unreachable for "
-                        f"{waited / 60:.0f} min, more than the {self.api.patience_s / 60:.0f} "
-                        f"min srifty-launch waits ({exc})"
+                        f"{waited / 60:.0f} min, as long as srifty-launch waits "
+                        f"({self.api.patience_s / 60:.0f} min; {exc})"
                     ) from None
+                pause = min(wait, left)
                 self.api_retries += 1
-                log.warning("%s: API server unreachable (%s); retrying in %.0f s", what, exc, wait)
-                self._sleep(wait)
+                log.warning("%s: API server unreachable (%s); retrying in %.0f s", what, exc, pause)
+                self._sleep(pause)
                 wait = min(wait * 2, self.api.longest_wait_s)
 
     @staticmethod

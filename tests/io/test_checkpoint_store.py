@@ -249,7 +249,8 @@ def test_a_long_outage_is_a_clear_error_and_nothing_is_pruned_afterwards(
     with FaultyS3Proxy(endpoint) as proxy:
         store = S3Store(s3_uri, keep=3, endpoint_url=proxy.url, max_attempts=2)
         store.patience_s = 6.0
-        store.sleep = waits.append  # the backoff is recorded, not slept
+        store.sleep = waits.append  # the backoff is recorded, not slept ...
+        store.clock = lambda: sum(waits)  # ... and is all the time that passes
         proxy.fail_gets_matching = f"/data/{ids[-1]}"  # the newest data keeps failing (500)
         with pytest.raises(StoreUnavailableError) as error:
             store.fetch_latest(tmp_path / "restore")
@@ -257,6 +258,7 @@ def test_a_long_outage_is_a_clear_error_and_nothing_is_pruned_afterwards(
         assert "stayed unreachable" in message and "nothing was deleted" in message
         assert "\n" not in message
         assert waits and waits == sorted(waits)  # backed off, growing
+        assert sum(waits) == pytest.approx(store.patience_s, abs=0.5)  # for all its patience
         # Even a job that went on regardless deletes nothing with this store object.
         proxy.fail_gets_matching = None
         store.save(_payload(tmp_path, "after", seed=1), step=5, reason="p")

@@ -31,32 +31,15 @@ from pathlib import Path
 
 from lightning_srifty.core.errors import MetadataUnavailableError
 from lightning_srifty.core.launch_protocol import ENV_IMDS
+from lightning_srifty.io.ec2 import DMI_DIR, HYPERVISOR_UUID, is_ec2
+
+__all__ = ["DMI_DIR", "HYPERVISOR_UUID", "IMDS_ENDPOINT", "ImdsClient", "imds_allowed", "is_ec2"]
 
 IMDS_ENDPOINT = "http://169.254.169.254"
-DMI_DIR = Path("/sys/devices/virtual/dmi/id")
-HYPERVISOR_UUID = Path("/sys/hypervisor/uuid")
-EC2_DMI_VENDOR = "Amazon EC2"
 TOKEN_TTL_S = 21600
 """IMDSv2 tokens live at most six hours."""
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
 TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
-
-
-def is_ec2(dmi_dir: Path = DMI_DIR, hypervisor_uuid: Path = HYPERVISOR_UUID) -> bool:
-    """Whether this machine is an EC2 instance, from what the kernel exposes.
-
-    Reads two or three tiny sysfs files; sends nothing anywhere.
-    """
-    for name in ("board_vendor", "sys_vendor"):
-        try:
-            if (dmi_dir / name).read_text(errors="replace").strip() == EC2_DMI_VENDOR:
-                return True
-        except OSError:
-            continue
-    try:
-        return hypervisor_uuid.read_text(errors="replace").strip().lower().startswith("ec2")
-    except OSError:
-        return False
 
 
 def imds_mode(env: Mapping[str, str]) -> str:

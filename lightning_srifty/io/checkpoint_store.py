@@ -64,6 +64,7 @@ from lightning_srifty.core.errors import (
 )
 from lightning_srifty.core.launch_protocol import ENV_S3_ENDPOINT_URL
 from lightning_srifty.core.validate import Reader, check_version
+from lightning_srifty.io.ec2 import is_ec2
 
 log = logging.getLogger(__name__)
 
@@ -548,7 +549,13 @@ class S3Store(CheckpointStore):
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
-        client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
+        session = boto3.session.Session()
+        if not is_ec2():
+            # botocore's last credential source asks 169.254.169.254 for a role; off EC2
+            # that is a packet to nowhere and a timeout, so it is left out.
+            resolver = session._session.get_component("credential_provider")  # noqa: SLF001
+            resolver.remove("iam-role")
+        client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         if max_attempts is None:
             self._client_cache = client
         return client

@@ -305,3 +305,30 @@ def test_s3_check_on_a_hung_endpoint_fails_within_15_s(s3_env: dict[str, str]) -
     message = str(error.value)
     assert "S3 check failed for s3://srifty-hung/x" in message
     assert f"127.0.0.1:{port} did not answer" in message and "\n" not in message
+
+
+def test_off_ec2_boto3_never_asks_the_metadata_service_for_credentials(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import boto3
+    from botocore.exceptions import NoCredentialsError
+
+    from tests.fakes import FakeImds, serve_fake_imds
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED", raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with serve_fake_imds() as imds:
+        # botocore's instance-role lookup goes where this says (instead of 169.254.169.254)
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
+        store = S3Store("s3://srifty-any/x", endpoint_url=moto_endpoint)
+        with pytest.raises(CredentialsError, match="no usable AWS credentials"):
+            store.check()
+        assert FakeImds.requests == []  # this machine is no EC2 instance: nothing sent
+        # Control: a plain boto3 client does ask, so the test above could fail.
+        plain = boto3.session.Session().client("s3", endpoint_url=moto_endpoint)
+        with pytest.raises(NoCredentialsError):
+            plain.head_bucket(Bucket="srifty-any")
+        assert "PUT /latest/api/token" in FakeImds.requests

@@ -427,6 +427,7 @@ class Controller:
                     cost,
                     self.clock() - started,
                 )
+            still_moving = report.no_capacity and preempted_at is not None and migrations
             if report.moved_to is not None:
                 new_plan, why = report.moved_to, f"policy move; {report.move_reason}"
                 preempted_at = self.clock()
@@ -437,7 +438,8 @@ class Controller:
                         f"training failed on {plan.cluster.describe()} (state "
                         f"{report.state.value}{detail}); logs are in {self.run_dir}"
                     )
-                preempted_at = self.clock()
+                if not still_moving:
+                    preempted_at = self.clock()
                 self._cooling = _cool_down(self._cooling)
                 if report.no_capacity or plan.use_spot:
                     for key in offer_keys(plan):
@@ -446,16 +448,27 @@ class Controller:
                     reached, started, preempted=spot_event and not report.no_capacity
                 )
                 why = f"{_interruption_kind(plan, report)}; {why}"
-            migration = Migration(
-                at_s=preempted_at - started,
-                reason=why,
-                from_plan=_describe(plan),
-                to_plan=_describe(new_plan),
-                step_at_preemption=report.last_step,
-                resumed_step=report.last_step,
-                lost_s=0.0,
-            )
-            migrations.append(migration)
+            assert preempted_at is not None
+            if still_moving:
+                # The move after a preemption found no capacity where it went: the same
+                # move continues elsewhere (time lost still counts from the preemption).
+                migration = replace(
+                    migrations[-1],
+                    reason=f"{migrations[-1].reason}; then {why}",
+                    to_plan=_describe(new_plan),
+                )
+                migrations[-1] = migration
+            else:
+                migration = Migration(
+                    at_s=preempted_at - started,
+                    reason=why,
+                    from_plan=_describe(plan),
+                    to_plan=_describe(new_plan),
+                    step_at_preemption=report.last_step,
+                    resumed_step=report.last_step,
+                    lost_s=0.0,
+                )
+                migrations.append(migration)
             if self.on_migration:
                 self.on_migration(migration)
             plan = new_plan

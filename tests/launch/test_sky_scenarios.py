@@ -214,6 +214,18 @@ def no_capacity_then_other_zone(o: Outcome) -> None:
     assert res.instance_type == OTHER.cluster.groups[0].offer.instance_type
 
 
+def preempted_then_no_capacity(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations  # one move: from the preempted cluster to where it ran
+    assert move.reason.startswith("spot preemption; srifty")
+    assert "; then no capacity (launch srifty-2-" in move.reason
+    assert move.to_plan == f"{summary.attempts[-1].plan.cluster.describe()} spot use1-az1"
+    assert move.resumed_step == move.step_at_preemption > 0
+    assert len(summary.attempts) == 3 and summary.attempts[1].no_capacity
+    logged = (o.controller.migration_log).read_text().splitlines()
+    assert len(logged) == 1
+
+
 def no_capacity_anywhere(o: Outcome) -> None:
     assert o.summary is None
     assert o.error.startswith("gave up after 10 attempts")
@@ -304,6 +316,15 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         [ClusterScript(no_capacity=True), ClusterScript()],
         {},
         no_capacity_then_other_zone,
+    ),
+    "preempted-then-no-capacity": (
+        [
+            ClusterScript(preempt_after_s=300),
+            ClusterScript(no_capacity=True),
+            ClusterScript(),
+        ],
+        {},
+        preempted_then_no_capacity,
     ),
     "no-capacity-anywhere": ([ClusterScript(no_capacity=True)] * 12, {}, no_capacity_anywhere),
     "api-away-10-min": (

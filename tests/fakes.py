@@ -715,7 +715,9 @@ class FakeJobsApi:
 
     def cancel(self, name: str | None = None, job_ids: Any = None, **kwargs: Any) -> str:
         def result() -> None:
-            for job_id in job_ids or []:
+            ids = list(job_ids or [])
+            ids += [j.job_id for j in self.api.managed.values() if name and j.name == name]
+            for job_id in ids:
                 job = self.api.managed[job_id]
                 self._advance(job)
                 if job.status not in _MANAGED_TERMINAL:

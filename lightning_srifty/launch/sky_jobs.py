@@ -309,16 +309,19 @@ class SkyJobsBackend(SkyClient):
         if self.ledger is None:
             return names
         for entry in self.ledger.not_down():
-            if entry.kind == "managed-job" and entry.job_id is not None:
-                job_id = entry.job_id
-                self._call(
-                    lambda j=job_id: self.sdk.get(  # type: ignore[misc]
-                        self.jobs_sdk.cancel(job_ids=[j])
-                    ),
-                    f"cancel managed job {job_id}",
-                )
-                self.ledger.mark(entry.name, "down", kind="managed-job", job_id=job_id)
-                names.append(entry.name)
+            if entry.kind != "managed-job":
+                continue
+            # Submitted but interrupted before its id came back: cancel it by its name
+            # (unique to this run), which SkyPilot's cancel accepts as well.
+            by: dict[str, Any] = (
+                {"job_ids": [entry.job_id]} if entry.job_id is not None else {"name": entry.name}
+            )
+            self._call(
+                lambda kw=by: self.sdk.get(self.jobs_sdk.cancel(**kw)),  # type: ignore[misc]
+                f"cancel managed job {entry.name}",
+            )
+            self.ledger.mark(entry.name, "down", kind="managed-job", job_id=entry.job_id)
+            names.append(entry.name)
         return names
 
 

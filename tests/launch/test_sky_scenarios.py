@@ -502,6 +502,31 @@ def test_ctrl_c_while_provisioning_cancels_and_tears_down(
     _assert_all_down(outcome)
 
 
+def test_ctrl_c_while_a_managed_job_is_submitted_cancels_it_by_name(
+    tmp_path: Path, sky_offline: object
+) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    backend = make_backend(fake, tmp_path, managed=True)
+    assert isinstance(backend, SkyJobsBackend)
+    backend.candidates = (HOME, OTHER)
+    real_get = fake.stream_and_get
+
+    def interrupted(request_id: str) -> object:
+        real_get(request_id)  # the server took the job ...
+        raise KeyboardInterrupt  # ... and the user pressed Ctrl-C before the reply
+
+    fake.stream_and_get = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        backend.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    ((name, state),) = [(e.name, e.state) for e in ClusterLedger(tmp_path).entries()]
+    assert state == "launching"  # no id came back, but the ledger has the name
+    assert backend.down_recorded() == [name]
+    assert fake.managed[1].status in ("CANCELLING", "CANCELLED") and name in fake.cancels
+    fake.clock.sleep(60)
+    fake.jobs._advance(fake.managed[1])  # noqa: SLF001 - the jobs controller's next step
+    assert fake.managed[1].status == "CANCELLED" and fake.left_up() == []
+
+
 def test_teardown_waits_out_an_api_outage(tmp_path: Path, sky_offline: object) -> None:
     fake = FakeSkyApi(scripts=[ClusterScript()])
     backend = make_backend(fake, tmp_path)

@@ -13,8 +13,12 @@ What this module does:
 - :func:`dry_run` writes the task YAMLs, reloads them with ``sky.Task.from_yaml`` and
   asks SkyPilot's optimizer, offline (:mod:`lightning_srifty.launch.sky_runtime`), to
   choose and price them; our price and SkyPilot's sit side by side in the report.
-- :class:`SkyBackend` launches, polls and tears down through the SkyPilot SDK
-  (``sky.launch``/``sky.status``/``sky.job_status``/``sky.down`` via an API server).
+- :class:`SkyBackend` launches, polls, cancels and tears down through the SkyPilot SDK
+  (``sky.launch``/``sky.status``/``sky.job_status``/``sky.cancel``/``sky.down``/
+  ``sky.tail_logs`` via an API server), reading states the way SkyPilot 0.14 produces
+  them (notice window, partial INIT, no capacity), retrying API outages, and keeping a
+  ledger of the run's clusters (:class:`SkyClient`). Managed jobs live in
+  :mod:`lightning_srifty.launch.sky_jobs`.
 
 Heterogeneous plans (several instance types) become one SkyPilot cluster per group,
 joined into one ``torchrun`` rendezvous: the first group's head node is the master; the

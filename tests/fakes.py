@@ -8,21 +8,180 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import threading
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from lightning_srifty.core.launch_protocol import PROGRESS_LINE_PREFIX, ProgressEvent
 
 # ---------------------------------------------------------------------------------------
-# SkyPilot SDK (owned by the SkyPilot adapter, lightning_srifty/launch/sky_backend.py)
+# SkyPilot API server (owned by launch/sky_backend.py and launch/sky_jobs.py)
 #
 # Every sky.* SDK call goes to a SkyPilot API server that provisions cloud VMs, which
-# cannot run here. FakeSkySdk stands in for exactly that surface (launch, status,
-# job_status, down, enabled_clouds and the request/result round trip). The tasks it
-# receives are the real sky.Task objects the backend built; it records them untouched.
+# cannot run here. FakeSkyApi stands in for exactly that surface: the client SDK calls
+# the backends make (sky.client.sdk and sky.jobs.client.sdk) and the request/result
+# round trip. The tasks it receives are the real sky.Task objects the backends built;
+# its answers are SkyPilot's own types (ClusterStatus, JobStatus, ManagedJobStatus,
+# StatusResponse, ManagedJobRecord, its exceptions). Time is virtual (VirtualClock):
+# the code under test sleeps on it, so a scenario of hours runs in milliseconds.
+#
+# The state machine follows SkyPilot 0.14's source:
+# - Cluster status (sky/backends/backend_utils.py: _update_cluster_status): all nodes
+#   terminated -> the record is removed ("cluster gone"); all nodes stopped -> STOPPED;
+#   some nodes terminated or not all stopped (a partial spot reclaim) -> INIT
+#   ("abnormal", init_kind 'unhealthy'); provisioning in progress -> INIT.
+# - job_status/tail_logs/cancel on a cluster that is not UP
+#   (sky/backends/backend_utils.py: check_cluster_available): absent -> ClusterDoesNotExist,
+#   INIT/STOPPED -> ClusterNotUpError.
+# - Job status (sky/skylet/job_lib.py: JobStatus, update_job_status): INIT -> PENDING ->
+#   SETTING_UP (setup runs inside the job) -> RUNNING -> SUCCEEDED on exit 0, FAILED on a
+#   non-zero exit (our exit 75 after an emergency checkpoint included: the client API
+#   has no exit codes, ClusterJobRecord in sky/schemas/api/responses.py drops them),
+#   FAILED_SETUP when setup fails. cancel (job_lib.cancel_jobs) sends SIGTERM to the
+#   job's process group and sets CANCELLED at once.
+# - Launch failures (sky/backends/cloud_vm_ray_backend.py: RetryingVmProvisioner):
+#   ResourcesUnavailableError after trying the zones, failed attempts cleaned up.
+# - An unreachable server (sky/server/common.py: check_server_healthy_or_start) raises
+#   ApiServerConnectionError before any request is sent; a stream cut mid-way raises
+#   requests' ChunkedEncodingError (sky/server/rest.py lists these as transient).
+# - Managed jobs (sky/jobs/controller.py: JobController, sky/jobs/recovery_strategy.py,
+#   sky/jobs/state.py: ManagedJobStatus): PENDING -> STARTING -> RUNNING; a cluster that
+#   is not UP -> RECOVERING -> relaunch on the ordered resources -> RUNNING with
+#   recovery_count + 1; a FAILED job on an UP cluster is a user failure unless its exit
+#   code is in recover_on_exit_codes (then recovered) or max_restarts_on_errors allows a
+#   restart; FAILED_SETUP; no resources on the first launch -> FAILED_NO_RESOURCE; the
+#   controller cleans the job's cluster up at the end and on cancel.
 # ---------------------------------------------------------------------------------------
+
+SAVE_S = 5.0
+"""Seconds the fake job takes to write an emergency checkpoint."""
+LOG_EVERY_S = 30.0
+"""Virtual seconds between the fake job's progress lines."""
+REAL_WAIT_S = 0.05
+"""Real seconds a blocked log stream waits before looking at the virtual clock again."""
+
+
+class VirtualClock:
+    """Time for the fake cloud.
+
+    Virtual by default: the code under test sleeps on it (the main thread moves it
+    forward) and background threads (log followers) wait for it to move. With
+    ``speed``, it runs on its own, ``speed`` virtual seconds per real second, for code
+    that keeps real time itself (the launcher's whole journey).
+    """
+
+    def __init__(self, wall_start: float = 1_900_000_000.0, *, speed: float | None = None):
+        self.speed = speed
+        self._now = 0.0
+        self._t0 = time.monotonic()
+        self._wall0 = wall_start
+        self._cond = threading.Condition()
+        self._readers: dict[int, float] = {}
+        """Open log streams -> the virtual time up to which their reader has everything."""
+        self.hold: Callable[[], bool] = lambda: False
+        """While true, :meth:`sleep` first gives other threads (briefly) the floor."""
+
+    @property
+    def now(self) -> float:
+        if self.speed is None:
+            return self._now
+        return self._now + (time.monotonic() - self._t0) * self.speed
+
+    @now.setter
+    def now(self, value: float) -> None:
+        if self.speed is None:
+            self._now = value
+        else:
+            self._now = value - (time.monotonic() - self._t0) * self.speed
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self._wall0 + self.now
+
+    @property
+    def wall0(self) -> float:
+        """Wall time at virtual zero (progress events carry wall time)."""
+        return self._wall0
+
+    def sleep(self, seconds: float) -> None:
+        """Moves time forward, once every open log stream has been read up to now (so a
+        reader in another thread sees the log as a real one would, not late)."""
+        if self.speed is not None:
+            time.sleep(max(float(seconds), 0.0) / self.speed)
+            return
+        with self._cond:
+            self._cond.wait_for(
+                lambda: all(at >= self.now for at in self._readers.values()) and not self.hold(),
+                timeout=1.0,
+            )
+            self._now += max(float(seconds), 0.0)
+            self._cond.notify_all()
+
+    def poke(self) -> None:
+        """Wakes :meth:`sleep` to look at :attr:`hold` again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def reading(self, key: int, at: float | None) -> None:
+        """A log stream's reader has everything up to ``at`` (``None``: stream closed)."""
+        with self._cond:
+            if at is None:
+                self._readers.pop(key, None)
+            else:
+                self._readers[key] = at
+            self._cond.notify_all()
+
+    def wait(self, seconds: float) -> None:
+        """Blocks a background thread until virtual ``seconds`` have passed (or a short
+        real time, so a stopped scenario never hangs it)."""
+        if self.speed is not None:
+            time.sleep(min(seconds / self.speed, 2.0))
+            return
+        target = self.now + seconds
+        with self._cond:
+            self._cond.wait_for(lambda: self.now >= target, timeout=2.0)
+
+    def wait_past(self, moment: float) -> None:
+        if self.speed is not None:
+            time.sleep(REAL_WAIT_S)
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self.now > moment, timeout=REAL_WAIT_S)
+
+
+@dataclass
+class ClusterScript:
+    """What happens to one cluster the fake provisions: the knobs of a scenario."""
+
+    no_capacity: bool = False
+    """The launch fails with ResourcesUnavailableError."""
+    error: BaseException | None = None
+    """The launch fails with this SkyPilot exception instead (credentials, prechecks)."""
+    interrupted: bool = False
+    """Ctrl-C arrives while the client streams the provisioning (KeyboardInterrupt)."""
+    provision_s: float = 90.0
+    setup_s: float = 60.0
+    setup_fails: bool = False
+    steps_per_s: float = 2.0
+    crash_after_s: float | None = None
+    """The user's code fails (exit 1) this long after training started."""
+    preempt_after_s: float | None = None
+    """AWS reclaims the nodes: its notice comes this long after training started."""
+    notice: bool = True
+    """The two-minute notice reaches the job (it saves, prints ``preempted``, exits 75)."""
+    notice_s: float = 120.0
+    reclaim: str = "terminate"
+    """``terminate`` (the record disappears), ``stop`` (STOPPED) or ``partial`` (INIT)."""
+    checkpoint_every_s: float = 300.0
 
 
 class FakeSkyHandle:
@@ -33,146 +192,702 @@ class FakeSkyHandle:
         self.head_ip = external_ips[0]
 
 
-class FakeSkySdk:
-    """A SkyPilot API server that "provisions" clusters instantly and records requests.
+class FakeCluster:
+    """One cluster and its job 1, evaluated lazily at any virtual time."""
+
+    def __init__(
+        self, name: str, task: Any, script: ClusterScript, now: float, start_step: int, index: int
+    ):
+        self.name = name
+        self.task = task
+        self.script = script
+        self.nodes = int(task.num_nodes)
+        self.index = index
+        self.launched_at = now
+        self.up_at = now + script.provision_s
+        self.run_at = self.up_at + script.setup_s
+        self.start_step = start_step
+        envs = task.envs or {}
+        self.target = int(envs.get("SRIFTY_TARGET_STEPS", "1000"))
+        self.downed_at: float | None = None
+        self.cancelled_at: float | None = None
+        self.provision_cancelled = False
+
+    # -- the timeline ------------------------------------------------------------------
+    @property
+    def notice_at(self) -> float | None:
+        s = self.script
+        if s.preempt_after_s is None or s.setup_fails:
+            return None
+        return self.run_at + s.preempt_after_s
+
+    @property
+    def reclaim_at(self) -> float | None:
+        if self.notice_at is None:
+            return None
+        return self.notice_at + (self.script.notice_s if self.script.notice else 0.0)
+
+    def _job_end(self) -> tuple[float, str, int]:
+        """(time, JobStatus value, exit code) the job ends with if nothing kills it."""
+        s = self.script
+        if s.setup_fails:
+            return self.run_at, "FAILED_SETUP", 1
+        ends = [(self.run_at + math.ceil(max(self.target - self.start_step, 0) / s.steps_per_s),
+                 "SUCCEEDED", 0)]  # fmt: skip
+        if s.crash_after_s is not None:
+            ends.append((self.run_at + s.crash_after_s, "FAILED", 1))
+        if self.notice_at is not None and s.notice:
+            ends.append((self.notice_at + SAVE_S, "FAILED", 75))
+        if self.cancelled_at is not None:
+            ends.append((self.cancelled_at + SAVE_S, "CANCELLED", 75))
+        return min(ends, key=lambda e: e[0])
+
+    def death_at(self) -> float:
+        """When the job's processes stop, whatever the reason."""
+        times = [self._job_end()[0]]
+        if self.downed_at is not None:
+            times.append(self.downed_at)
+        if self.reclaim_at is not None:
+            times.append(self.reclaim_at)
+        return min(times)
+
+    def step_at(self, t: float) -> int:
+        t = min(t, self.death_at())
+        if t <= self.run_at or self.script.setup_fails:
+            return self.start_step
+        gained = int((t - self.run_at) * self.script.steps_per_s)
+        return min(self.start_step + gained, self.target)
+
+    def cluster_status(self, t: float) -> str | None:
+        """ClusterStatus value at ``t``; ``None`` once the record is gone."""
+        if self.downed_at is not None and t >= self.downed_at:
+            return None
+        if t < self.up_at or self.provision_cancelled:
+            return "INIT"
+        if self.reclaim_at is not None and t >= self.reclaim_at:
+            return {"terminate": None, "stop": "STOPPED", "partial": "INIT"}[self.script.reclaim]
+        return "UP"
+
+    def job_status(self, t: float) -> str | None:
+        if t < self.up_at:
+            return None
+        if self.cancelled_at is not None and t >= self.cancelled_at:
+            return "CANCELLED"
+        end, status, _ = self._job_end()
+        if t >= end:
+            return status
+        if t < self.up_at + 5.0:
+            return "PENDING"
+        if t < self.run_at:
+            return "SETTING_UP"
+        return "RUNNING"
+
+    def exit_code(self, t: float) -> int | None:
+        end, _, code = self._job_end()
+        return code if t >= end else None
+
+    def events(self, t: float, wall0: float) -> list[tuple[float, ProgressEvent]]:
+        """The progress events the job printed up to ``t`` (and before it died)."""
+        limit = min(t, self.death_at())
+        if limit < self.run_at or self.script.setup_fails:
+            return []
+        out: list[tuple[float, ProgressEvent]] = []
+        start = ProgressEvent(
+            "resumed" if self.start_step else "start",
+            wall0 + self.run_at,
+            self.start_step,
+            checkpoint=f"ckpt-{self.start_step}" if self.start_step else "",
+        )
+        out.append((self.run_at, start))
+        step_s = 1.0 / self.script.steps_per_s
+        moment = self.run_at + LOG_EVERY_S
+        end, status, code = self._job_end()
+        while moment <= min(limit, end):
+            out.append(
+                (moment, ProgressEvent("step", wall0 + moment, self.step_at(moment), step_s))
+            )
+            moment += LOG_EVERY_S
+        for when, step in self._saves():
+            if when <= limit:
+                out.append((when, ProgressEvent("checkpoint", wall0 + when, step,
+                                                checkpoint=f"ckpt-{step}")))  # fmt: skip
+        if end <= limit:
+            final = self.step_at(end)
+            if status == "SUCCEEDED":
+                out.append((end, ProgressEvent("done", wall0 + end, final, step_s)))
+            elif code == 75:
+                out.append((end, ProgressEvent("preempted", wall0 + end, final,
+                                                checkpoint=f"ckpt-{final}")))  # fmt: skip
+        return sorted(out, key=lambda item: item[0])
+
+    def _saves(self) -> list[tuple[float, int]]:
+        """(time, step) of every checkpoint the job completes (before it dies)."""
+        death = self.death_at()
+        end, status, code = self._job_end()
+        saves = []
+        moment = self.run_at + self.script.checkpoint_every_s
+        while moment < min(end, death):
+            saves.append((moment, self.step_at(moment)))
+            moment += self.script.checkpoint_every_s
+        if end <= death and (status == "SUCCEEDED" or code == 75):
+            saves.append((end, self.step_at(end)))
+        return saves
+
+    def stored_step(self, t: float) -> int:
+        """The newest checkpoint this job had stored by ``t``."""
+        return max([self.start_step, *(step for when, step in self._saves() if when <= t)])
+
+
+@dataclass
+class FakeManagedJob:
+    """A managed job and the jobs controller driving it (see the section header)."""
+
+    job_id: int
+    name: str
+    task: Any
+    submitted_at: float
+    strategy: str
+    recover_codes: tuple[int, ...]
+    max_restarts: int
+    status: str = "PENDING"
+    recovery_count: int = 0
+    restarts: int = 0
+    failure_reason: str | None = None
+    cluster: FakeCluster | None = None
+    clusters: list[FakeCluster] = field(default_factory=list)
+    next_at: float = 0.0
+    cancel_at: float | None = None
+
+
+class FakeSkyApi:
+    """A SkyPilot API server whose cloud is scripted (:class:`ClusterScript` per cluster).
 
     Args:
         enabled: Clouds the server reports as enabled (as ``sky check`` would).
-        fail_launch_of: Cluster names whose launch raises ``launch_error``.
-        launch_error: The SkyPilot exception a failing launch raises.
+        scripts: What happens to each cluster provisioned, in launch order (clusters
+            beyond the list behave well).
+        clock: Shared virtual time (a new one by default).
     """
 
     def __init__(
         self,
         enabled: tuple[str, ...] = ("AWS",),
         *,
-        fail_launch_of: tuple[str, ...] = (),
-        launch_error: BaseException | None = None,
+        scripts: list[ClusterScript] | None = None,
+        clock: VirtualClock | None = None,
     ):
         self.enabled = enabled
-        self.fail_launch_of = fail_launch_of
-        self.launch_error = launch_error
-        self.launched: list[tuple[str, object, dict[str, object]]] = []
+        self.scripts = list(scripts or [])
+        self.clock = clock or VirtualClock()
+        self.launched: list[tuple[str, Any, dict[str, object]]] = []
         """(cluster name, the sky.Task given, the other keyword arguments)."""
-        self.downed: list[str] = []
-        self.clusters: dict[str, object] = {}
-        """Cluster name -> sky ClusterStatus."""
-        self.jobs: dict[str, object] = {}
-        """Cluster name -> sky JobStatus of its job 1."""
-        self.job_log: list[str] = []
-        """Chunks every job's log streams (``tail_logs``), in order."""
-        self.job_progression: list[object] = []
-        """Job states every newly launched cluster's job 1 goes through, one per poll."""
-        self._progress: dict[str, list[object]] = {}
-        self._results: dict[str, tuple[bool, object]] = {}
+        self.clusters: dict[str, FakeCluster] = {}
+        self.downs: list[str] = []
+        """Every cluster taken down (by ``down`` or by the jobs controller)."""
+        self.cancels: list[str] = []
+        self.outages: list[tuple[float, float]] = []
+        """Virtual [start, end) spans during which the API server cannot be reached."""
+        self.log_drops = 0
+        """This many log streams break (ChunkedEncodingError) after ``drop_after`` lines."""
+        self.drop_after = 2
+        self.log_dead_first = 0
+        """``tail_logs`` always fails for the first N clusters (their log never comes)."""
+        self._reconnecting = 0
+        self.clock.hold = self._hold
+        self.initial_step = 0
+        """The checkpoint store's newest step before the first launch (the profile's)."""
+        self.calls: list[str] = []
+        self.managed: dict[int, FakeManagedJob] = {}
+        self.jobs = FakeJobsApi(self)
+        self._results: dict[str, Callable[[], Any]] = {}
         self._next_request = 0
 
-    def _request(self, value: object = None, error: BaseException | None = None) -> str:
+    # -- plumbing ----------------------------------------------------------------------
+    def _check_api(self, what: str) -> None:
+        import sky
+
+        self.calls.append(what)
+        now = self.clock.now
+        if any(a <= now < b for a, b in self.outages):
+            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580")
+
+    def _request(self, what: str, thunk: Callable[[], Any]) -> str:
+        self._check_api(what)
         self._next_request += 1
         request_id = f"req-{self._next_request}"
-        self._results[request_id] = (error is None, error if error is not None else value)
+        self._results[request_id] = thunk
         return request_id
 
-    def get(self, request_id: str) -> object:
-        ok, value = self._results.pop(request_id)
-        if not ok:
-            assert isinstance(value, BaseException)
-            raise value
+    def get(self, request_id: str) -> Any:
+        self._check_api("get")
+        thunk = self._results[request_id]
+        value = thunk()
+        del self._results[request_id]
         return value
 
-    def stream_and_get(self, request_id: str) -> object:
+    def stream_and_get(self, request_id: str) -> Any:
         return self.get(request_id)
 
-    def enabled_clouds(self) -> str:
-        return self._request(list(self.enabled))
+    def api_cancel(self, request_ids: Any = None, **kwargs: Any) -> str:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or [])
+        for rid in ids:
+            self._results.pop(rid, None)
+        for cluster in self.clusters.values():
+            if cluster.cluster_status(self.clock.now) == "INIT":
+                cluster.provision_cancelled = True
+        return self._request("api_cancel", lambda: ids)
 
-    def launch(self, task: object, **kwargs: object) -> str:
+    def _hold(self) -> bool:
+        """A log stream broke mid-way and its reader has not come back yet (while the
+        server is up and some cluster runs): real readers reconnect in real time."""
+        now = self.clock.now
+        if self._reconnecting <= 0 or any(a <= now < b for a, b in self.outages):
+            return False
+        return any(c.cluster_status(now) == "UP" for c in self.clusters.values())
+
+    def stored_step(self) -> int:
+        now = self.clock.now
+        return max([self.initial_step, *(c.stored_step(now) for c in self.clusters.values())])
+
+    def left_up(self) -> list[str]:
+        """Clusters that still exist (UP, INIT or STOPPED): what may still bill."""
+        now = self.clock.now
+        return sorted(n for n, c in self.clusters.items() if c.cluster_status(now) is not None)
+
+    def _cluster(self, name: str, operation: str, *, must_be_up: bool = True) -> FakeCluster:
         import sky
-        from sky.skylet import job_lib
-        from sky.utils import status_lib
+
+        cluster = self.clusters.get(name)
+        status = None if cluster is None else cluster.cluster_status(self.clock.now)
+        if cluster is None or status is None:
+            raise sky.exceptions.ClusterDoesNotExist(f"Cluster {name!r} does not exist.")
+        if must_be_up and status != "UP":
+            raise sky.exceptions.ClusterNotUpError(
+                f"{operation.capitalize()}: skipped for cluster {name!r} (status: {status})."
+            )
+        return cluster
+
+    def provision(self, task: Any, name: str) -> FakeCluster | None:
+        """Creates the next scripted cluster (``None``: no capacity for it)."""
+        script = self.scripts.pop(0) if self.scripts else ClusterScript()
+        if script.no_capacity:
+            return None
+        cluster = FakeCluster(
+            name, task, script, self.clock.now, self.stored_step(), len(self.clusters) + 1
+        )
+        self.clusters[name] = cluster
+        return cluster
+
+    # -- sky.client.sdk --------------------------------------------------------------
+    def enabled_clouds(self) -> str:
+        return self._request("enabled_clouds", lambda: list(self.enabled))
+
+    def launch(self, task: Any, **kwargs: Any) -> str:
+        import sky
+        from sky.utils import common_utils
 
         assert isinstance(task, sky.Task), f"launch got {type(task).__name__}, not sky.Task"
         name = str(kwargs["cluster_name"])
+        common_utils.check_cluster_name_is_valid(name)  # SkyPilot's own rule
+        self._check_api(f"launch {name}")
+        assert name not in self.clusters, f"cluster name {name} reused: runs would share it"
         self.launched.append((name, task, dict(kwargs)))
-        if name in self.fail_launch_of:
-            error = self.launch_error or sky.exceptions.ResourcesUnavailableError("no capacity")
-            return self._request(error=error)
-        index = len(self.clusters) + 1
-        internal = [f"10.0.{index}.{node + 1}" for node in range(task.num_nodes)]
-        external = [f"203.0.113.{10 * index + node}" for node in range(task.num_nodes)]
-        self.clusters[name] = status_lib.ClusterStatus.UP
-        self.jobs[name] = job_lib.JobStatus.PENDING
-        self._progress[name] = list(self.job_progression)
-        return self._request((1, FakeSkyHandle(internal, external)))
+        script = self.scripts[0] if self.scripts else ClusterScript()
+        if script.error is not None:
+            self.scripts.pop(0)
+            cluster = None
+        else:
+            cluster = self.provision(task, name)
 
-    def status(self, cluster_names: list[str], **kwargs: object) -> str:
-        records = [
-            {"name": name, "status": self.clusters[name]}
-            for name in cluster_names
-            if name in self.clusters
-        ]
-        return self._request(records)
+        def result() -> Any:
+            if script.error is not None:
+                raise script.error
+            if cluster is None:
+                self.clock.sleep(30.0)  # the failover through the zones takes a while
+                raise sky.exceptions.ResourcesUnavailableError(
+                    f"Failed to provision all possible launchable resources for {name}: "
+                    "InsufficientInstanceCapacity in every zone"
+                )
+            if script.interrupted:
+                self.clock.sleep(10.0)
+                raise KeyboardInterrupt  # the user pressed Ctrl-C during provisioning
+            if self.clock.now < cluster.up_at:
+                self.clock.sleep(cluster.up_at - self.clock.now)  # streaming provision logs
+            n = cluster.index
+            internal = [f"10.0.{n}.{node + 1}" for node in range(cluster.nodes)]
+            external = [f"203.0.113.{(10 * n + node) % 250}" for node in range(cluster.nodes)]
+            return 1, FakeSkyHandle(internal, external)
+
+        self._next_request += 1
+        request_id = f"req-{self._next_request}"
+        self._results[request_id] = result
+        return request_id
+
+    def status(self, cluster_names: list[str], **kwargs: Any) -> str:
+        from sky.schemas.api import responses
+        from sky.utils import status_lib
+
+        def result() -> Any:
+            records = []
+            for name in cluster_names:
+                cluster = self.clusters.get(name)
+                status = None if cluster is None else cluster.cluster_status(self.clock.now)
+                if cluster is None or status is None:
+                    continue
+                records.append(
+                    responses.StatusResponse(
+                        name=name,
+                        launched_at=int(self.clock.time()),
+                        status=status_lib.ClusterStatus(status),
+                        autostop=-1,
+                        to_down=False,
+                        cluster_hash=f"hash-{name}",
+                        cluster_ever_up=True,
+                        user_hash="fake-user",
+                        user_name="srifty-tests",
+                        workspace="default",
+                        is_managed=False,
+                        nodes=cluster.nodes,
+                        init_kind="unhealthy" if status == "INIT" else None,
+                    )
+                )
+            return records
+
+        return self._request("status", result)
 
     def job_status(self, cluster_name: str, job_ids: list[int] | None = None) -> str:
-        import sky
+        from sky.skylet import job_lib
 
-        if cluster_name not in self.clusters:
-            return self._request(error=sky.exceptions.ClusterDoesNotExist(cluster_name))
-        upcoming = self._progress.get(cluster_name)
-        if upcoming:
-            self.jobs[cluster_name] = upcoming.pop(0)
-        return self._request({job_id: self.jobs[cluster_name] for job_id in job_ids or [1]})
+        def result() -> Any:
+            cluster = self._cluster(cluster_name, "getting job status")
+            raw = cluster.job_status(self.clock.now)
+            status = None if raw is None else job_lib.JobStatus(raw)
+            return {job_id: status for job_id in job_ids or [1]}
 
-    def down(self, cluster_name: str) -> str:
-        import sky
+        return self._request("job_status", result)
 
-        if cluster_name not in self.clusters:
-            return self._request(error=sky.exceptions.ClusterDoesNotExist(cluster_name))
-        del self.clusters[cluster_name]
-        self.jobs.pop(cluster_name, None)
-        self.downed.append(cluster_name)
-        return self._request()
+    def cancel(self, cluster_name: str, **kwargs: Any) -> str:
+        def result() -> None:
+            cluster = self._cluster(cluster_name, "cancelling jobs")
+            if cluster.job_status(self.clock.now) in ("PENDING", "SETTING_UP", "RUNNING"):
+                cluster.cancelled_at = self.clock.now
+                self.cancels.append(cluster_name)
+
+        return self._request("cancel", result)
+
+    def down(self, cluster_name: str, **kwargs: Any) -> str:
+        def result() -> None:
+            cluster = self._cluster(cluster_name, "tearing down", must_be_up=False)
+            cluster.downed_at = self.clock.now
+            self.downs.append(cluster_name)
+
+        return self._request("down", result)
 
     def tail_logs(
-        self, cluster_name: str, job_id: int | None, follow: bool, tail: int = 0, **kwargs: object
-    ) -> object:
+        self, cluster_name: str, job_id: int | None, follow: bool, tail: int = 0, **kwargs: Any
+    ) -> Iterator[str | None]:
         """The job's log as chunks then ``None``, like ``preload_content=False``."""
-        assert kwargs.get("preload_content") is False
-        return iter([*self.job_log, None])
+        import requests
 
-    def reclaim(self, cluster_name: str) -> None:
-        """AWS takes the spot instances back: the cluster disappears from the server."""
-        del self.clusters[cluster_name]
-        self.jobs.pop(cluster_name, None)
+        assert kwargs.get("preload_content") is False
+        self._check_api("tail_logs")
+        cluster = self._cluster(cluster_name, "tailing logs")
+        if cluster.index <= self.log_dead_first:
+            raise requests.exceptions.ConnectionError("log endpoint unreachable")
+        self._came_back()
+        wall0 = self.clock.wall0
+        return self._stream(
+            lambda t: cluster.events(t, wall0),
+            lambda t: cluster.job_status(t) not in (None, "PENDING", "SETTING_UP", "RUNNING"),
+            lambda t: cluster.cluster_status(t) != "UP",
+        )
+
+    def _stream(
+        self,
+        events: Callable[[float], list[tuple[float, ProgressEvent]]],
+        ended: Callable[[float], bool],
+        lost: Callable[[float], bool],
+    ) -> Iterator[str | None]:
+        import requests
+
+        drop = self.log_drops > 0
+        if drop:
+            self.log_drops -= 1
+
+        def chunks() -> Iterator[str | None]:
+            key = id(object())
+            sent = 0
+            try:
+                while True:
+                    now = self.clock.now
+                    if any(a <= now < b for a, b in self.outages):
+                        raise requests.exceptions.ConnectionError("API server went away")
+                    fresh = events(now)[sent:]
+                    for _, event in fresh:
+                        if drop and sent >= self.drop_after:
+                            self._broke()
+                            raise requests.exceptions.ChunkedEncodingError(
+                                "Connection broken: IncompleteRead(0 bytes read)"
+                            )
+                        sent += 1
+                        yield f"(head, rank=0, pid=4242) {PROGRESS_LINE_PREFIX}{event.to_line()}\n"
+                    if ended(now) and len(events(now)) == sent:
+                        yield None
+                        return
+                    if lost(now) and not ended(now):
+                        raise requests.exceptions.ChunkedEncodingError("the cluster went away")
+                    self.clock.reading(key, now)  # the reader took everything up to now
+                    self.clock.wait_past(now)
+            finally:
+                self.clock.reading(key, None)
+
+        return chunks()
+
+    def _broke(self) -> None:
+        self._reconnecting += 1
+
+    def _came_back(self) -> None:
+        self._reconnecting = max(self._reconnecting - 1, 0)
+        self.clock.poke()
+
+
+class FakeJobsApi:
+    """``sky.jobs.client.sdk`` of :class:`FakeSkyApi`: managed jobs and their controller."""
+
+    def __init__(self, api: FakeSkyApi):
+        self.api = api
+
+    def launch(self, task: Any, name: str | None = None, **kwargs: Any) -> str:
+        import sky
+        from sky.utils import registry
+
+        assert isinstance(task, sky.Task)
+        self.api._check_api("jobs.launch")  # noqa: SLF001
+        resources = list(task.resources)
+        assert isinstance(task.resources, list), "ordered resources must be a list"
+        # sky/jobs/recovery_strategy.py: StrategyExecutor.make
+        recovery = resources[0].job_recovery
+        for r in resources:
+            if r.job_recovery != recovery:
+                raise ValueError("The job recovery strategy should be the same for all resources.")
+        recovery = dict(recovery or {})
+        strategy = recovery.pop("strategy", registry.JOBS_RECOVERY_STRATEGY_REGISTRY.default)
+        assert registry.JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(strategy) is not None
+        codes = recovery.pop("recover_on_exit_codes", None) or []
+        codes = [codes] if isinstance(codes, int) else [int(c) for c in codes]
+        job_id = len(self.api.managed) + 1
+        job = FakeManagedJob(
+            job_id=job_id,
+            name=name or task.name or "managed",
+            task=task,
+            submitted_at=self.api.clock.now,
+            strategy=str(strategy),
+            recover_codes=tuple(codes),
+            max_restarts=int(recovery.pop("max_restarts_on_errors", 0)),
+            next_at=self.api.clock.now + 20.0,
+        )
+        self.api.managed[job_id] = job
+        self.api.launched.append((job.name, task, dict(kwargs)))
+        return self.api._request("jobs.launch", lambda: ([job_id], None))  # noqa: SLF001
+
+    def queue_v2(self, refresh: bool, job_ids: list[int] | None = None, **kwargs: Any) -> str:
+        from sky.jobs import state
+        from sky.schemas.api import responses
+
+        def result() -> Any:
+            records = []
+            for job in self.api.managed.values():
+                if job_ids and job.job_id not in job_ids:
+                    continue
+                self._advance(job)
+                records.append(
+                    responses.ManagedJobRecord(
+                        job_id=job.job_id,
+                        job_name=job.name,
+                        status=state.ManagedJobStatus(job.status),
+                        recovery_count=job.recovery_count,
+                        failure_reason=job.failure_reason,
+                    )
+                )
+            return records, len(records), {}, len(self.api.managed)
+
+        return self.api._request("jobs.queue_v2", result)  # noqa: SLF001
+
+    def cancel(self, name: str | None = None, job_ids: Any = None, **kwargs: Any) -> str:
+        def result() -> None:
+            ids = list(job_ids or [])
+            ids += [j.job_id for j in self.api.managed.values() if name and j.name == name]
+            for job_id in ids:
+                job = self.api.managed[job_id]
+                self._advance(job)
+                if job.status not in _MANAGED_TERMINAL:
+                    job.status = "CANCELLING"
+                    job.cancel_at = self.api.clock.now
+                    self.api.cancels.append(job.name)
+
+        return self.api._request("jobs.cancel", result)  # noqa: SLF001
+
+    def tail_logs(self, name: str | None = None, job_id: int | None = None, **kwargs: Any) -> Any:
+        assert kwargs.get("preload_content") is False
+        self.api._check_api("jobs.tail_logs")  # noqa: SLF001
+        job = self.api.managed[int(job_id or 0)]
+        wall0 = self.api.clock.wall0
+
+        def events(t: float) -> list[tuple[float, ProgressEvent]]:
+            self._advance(job)
+            return sorted((e for c in job.clusters for e in c.events(t, wall0)),
+                          key=lambda item: item[0])  # fmt: skip
+
+        return self.api._stream(  # noqa: SLF001
+            events, lambda t: job.status in _MANAGED_TERMINAL, lambda t: False
+        )
+
+    # -- the jobs controller -----------------------------------------------------------
+    def _advance(self, job: FakeManagedJob) -> None:
+        """Runs the controller's decisions up to now, each at its own virtual time."""
+        now = self.api.clock.now
+        while job.status not in _MANAGED_TERMINAL:
+            if job.status == "CANCELLING":
+                self._finish(job, "CANCELLED", None, job.cancel_at or now)
+                return
+            if job.status in ("PENDING", "STARTING", "RECOVERING") and job.cluster is None:
+                if job.next_at > now:
+                    return
+                self._start(job, job.next_at)
+                continue
+            cluster = job.cluster
+            assert cluster is not None
+            if job.status in ("STARTING", "RECOVERING"):
+                if cluster.up_at > now:
+                    return
+                if job.status == "RECOVERING":
+                    job.recovery_count += 1
+                job.status = "RUNNING"
+                continue
+            # RUNNING: the earliest of the cluster leaving UP and the job ending.
+            end = cluster._job_end()[0]  # noqa: SLF001
+            lost = cluster.reclaim_at if cluster.reclaim_at is not None else math.inf
+            moment = min(end, lost)
+            if moment > now:
+                return
+            if lost <= end:
+                self._recover(job, lost)  # cluster preempted: not UP any more
+                continue
+            status, code = cluster.job_status(end), cluster.exit_code(end)
+            if status == "SUCCEEDED":
+                self._finish(job, "SUCCEEDED", None, end)
+            elif code in job.recover_codes:
+                self._recover(job, end)
+            elif job.restarts < job.max_restarts:
+                job.restarts += 1
+                self._recover(job, end)
+            elif status == "FAILED_SETUP":
+                self._finish(job, "FAILED_SETUP", "Job setup failed (user program failure).", end)
+            else:
+                self._finish(
+                    job, "FAILED", f"Job exited with exit code {code} (user program failure).", end
+                )
+
+    def _start(self, job: FakeManagedJob, moment: float) -> None:
+        """Launches on the first ordered resource with capacity (or fails/retries)."""
+        first_launch = job.status == "PENDING"
+        job.status = "STARTING" if first_launch else "RECOVERING"
+        saved = self.api.clock.now
+        self.api.clock.now = moment  # the controller acted then
+        try:
+            for index, _resources in enumerate(job.task.resources):
+                name = f"{job.name}-{job.job_id}"
+                if name in self.api.clusters:
+                    name = f"{name}-r{len(job.clusters)}-{index}"
+                cluster = self.api.provision(job.task, name)
+                if cluster is not None:
+                    job.cluster = cluster
+                    job.clusters.append(cluster)
+                    return
+        finally:
+            self.api.clock.now = saved
+        if first_launch:
+            self._finish(
+                job, "FAILED_NO_RESOURCE", "Failed to provision all possible resources.", moment
+            )
+        else:
+            job.next_at = moment + 60.0  # keep trying while RECOVERING
+
+    def _recover(self, job: FakeManagedJob, moment: float) -> None:
+        cluster = job.cluster
+        if cluster is not None and cluster.downed_at is None:
+            cluster.downed_at = moment  # the controller cleans the failed cluster up
+            self.api.downs.append(cluster.name)
+        job.cluster = None
+        job.status = "RECOVERING"
+        job.next_at = moment
+
+    def _finish(self, job: FakeManagedJob, status: str, reason: str | None, moment: float) -> None:
+        cluster = job.cluster
+        if cluster is not None and cluster.downed_at is None:
+            cluster.downed_at = moment
+            self.api.downs.append(cluster.name)
+        job.cluster = None
+        job.status = status
+        job.failure_reason = reason
+
+
+_MANAGED_TERMINAL = (
+    "SUCCEEDED",
+    "CANCELLED",
+    "FAILED",
+    "FAILED_SETUP",
+    "FAILED_PRECHECKS",
+    "FAILED_NO_RESOURCE",
+    "FAILED_CONTROLLER",
+)
 
 
 # ---------------------------------------------------------------------------------------
-# EC2 instance metadata service (owned by capture/environment.py and capture/preemption.py)
+# EC2 instance metadata service (owned by capture/imds.py, used by capture/environment.py
+# and capture/preemption.py)
 #
-# 169.254.169.254 exists only on EC2. FakeImds answers the IMDSv2 calls we make: the
-# token PUT, instance type, region, and the spot interruption notice (404 until set).
+# 169.254.169.254 exists only on EC2. FakeImds answers the IMDSv2 calls we make, the
+# way AWS documents them ("Use IMDSv2", "Instance metadata categories"): a PUT to
+# /latest/api/token with X-aws-ec2-metadata-token-ttl-seconds (1..21600) returns a token
+# valid for that many seconds; a GET without a valid token is 401; the spot
+# instance-action path is 404 until AWS schedules an interruption. It can also hang:
+# the first `hang_next` requests are accepted and never answered (a service or network
+# that does not respond), which is what a client must survive.
 # ---------------------------------------------------------------------------------------
 
 
 class FakeImds(BaseHTTPRequestHandler):
-    """IMDSv2 on 127.0.0.1: tokens, instance type, region and the spot notice."""
+    """IMDSv2 on 127.0.0.1: expiring tokens, instance type, region and the spot notice."""
 
-    token = "t0k3n"
     requests: list[str] = []
+    answered: list[int] = []
     spot_notice: dict[str, str] | None = None
     """Set to e.g. ``{"action": "terminate", "time": "..."}`` to issue a notice."""
+    hang_next = 0
+    tokens: dict[str, float] = {}
+    """Token -> expiry (``time.monotonic()``)."""
+    release = threading.Event()
 
     def do_PUT(self) -> None:  # noqa: N802
         self.requests.append(f"PUT {self.path}")
-        ok = (
-            self.path == "/latest/api/token"
-            and "X-aws-ec2-metadata-token-ttl-seconds" in self.headers
-        )
-        self._reply(self.token if ok else "", 200 if ok else 400)
+        if self._hang():
+            return
+        raw = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+        ok = self.path == "/latest/api/token" and raw.isdigit() and 1 <= int(raw) <= 21600
+        if not ok:
+            self._reply("", 400)
+            return
+        token = f"t0k3n-{len(self.tokens)}"
+        self.tokens[token] = time.monotonic() + int(raw)
+        self._reply(token, 200)
 
     def do_GET(self) -> None:  # noqa: N802
         self.requests.append(f"GET {self.path}")
-        if self.headers.get("X-aws-ec2-metadata-token") != self.token:
+        if self._hang():
+            return
+        expiry = self.tokens.get(self.headers.get("X-aws-ec2-metadata-token", ""))
+        if expiry is None or time.monotonic() >= expiry:
             self._reply("", 401)
             return
         answers = {
@@ -183,7 +898,19 @@ class FakeImds(BaseHTTPRequestHandler):
             answers["/latest/meta-data/spot/instance-action"] = json.dumps(self.spot_notice)
         self._reply(answers.get(self.path, ""), 200 if self.path in answers else 404)
 
+    def _hang(self) -> bool:
+        """Accepts the request and never answers it (until the server stops)."""
+        cls = type(self)
+        if cls.hang_next <= 0:
+            return False
+        cls.hang_next -= 1
+        self.answered.append(0)
+        cls.release.wait(60)
+        self.close_connection = True
+        return True
+
     def _reply(self, body: str, status: int) -> None:
+        self.answered.append(status)
         data = body.encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
@@ -198,17 +925,32 @@ class FakeImds(BaseHTTPRequestHandler):
 def serve_fake_imds() -> Iterator[str]:
     """Runs :class:`FakeImds` on a free port; yields its endpoint URL."""
     FakeImds.requests = []
+    FakeImds.answered = []
     FakeImds.spot_notice = None
-    server = HTTPServer(("127.0.0.1", 0), FakeImds)
+    FakeImds.hang_next = 0
+    FakeImds.tokens = {}
+    FakeImds.release = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)
+    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
+        FakeImds.release.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
         FakeImds.spot_notice = None
+
+
+@contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """A socket on 127.0.0.1 that accepts connections and never answers; yields its URL."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)  # the kernel completes handshakes; nothing is ever read
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,6 +980,9 @@ class FaultyS3Proxy:
         reset_next: the next N requests have their connection closed without a reply.
         fail_puts_matching: every PUT whose path contains this text gets
             ``500 InternalError`` (``None``: none).
+        fail_gets_matching: the same for GETs (a store whose reads keep failing).
+        outage_until: ``time.monotonic()`` before which every request has its
+            connection closed without a reply (an outage of the network or of S3).
         faults: how many faults were injected so far.
     """
 
@@ -246,6 +991,8 @@ class FaultyS3Proxy:
         self.throttle_next = 0
         self.reset_next = 0
         self.fail_puts_matching: str | None = None
+        self.fail_gets_matching: str | None = None
+        self.outage_until = 0.0
         self.faults = 0
         self.requests: list[str] = []
         self._lock = threading.Lock()
@@ -304,6 +1051,9 @@ class FaultyS3Proxy:
     def _fault_for(self, method: str, path: str) -> str | None:
         with self._lock:
             self.requests.append(f"{method} {path}")
+            if time.monotonic() < self.outage_until:
+                self.faults += 1
+                return "reset"
             if self.reset_next > 0:
                 self.reset_next -= 1
                 self.faults += 1
@@ -313,6 +1063,9 @@ class FaultyS3Proxy:
                 self.faults += 1
                 return "throttle"
             if method == "PUT" and self.fail_puts_matching and self.fail_puts_matching in path:
+                self.faults += 1
+                return "internal"
+            if method == "GET" and self.fail_gets_matching and self.fail_gets_matching in path:
                 self.faults += 1
                 return "internal"
             return None

@@ -3,21 +3,27 @@
 Everything here is best-effort and must never block or fail training: the region comes
 from SkyPilot's ``SKYPILOT_CLUSTER_INFO`` (JSON with ``cloud``, ``region``, ``zone``,
 ``cluster_name``) and the instance type from the EC2 instance metadata service (IMDSv2)
-with a short timeout. Set ``SRIFTY_IMDS=off`` to skip the metadata service entirely
-(tests, laptops), so no packet ever goes to 169.254.169.254.
+with a short timeout. The metadata service is asked only on an EC2 instance (DMI vendor,
+see :mod:`lightning_srifty.capture.imds`), so a laptop or CI never sends a packet to
+169.254.169.254; ``SRIFTY_IMDS=off`` forbids it everywhere, ``on`` forces it.
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from lightning_srifty.core.launch_protocol import ENV_IMDS
+from lightning_srifty.capture.imds import (
+    DMI_DIR,
+    HYPERVISOR_UUID,
+    IMDS_ENDPOINT,
+    ImdsClient,
+    imds_allowed,
+)
+from lightning_srifty.core.errors import MetadataUnavailableError
 
-IMDS_ENDPOINT = "http://169.254.169.254"
 IMDS_TIMEOUT_S = 0.2
 SKYPILOT_CLUSTER_INFO = "SKYPILOT_CLUSTER_INFO"
 
@@ -76,37 +82,19 @@ def region_from_skypilot(env: Mapping[str, str]) -> str | None:
     return region if isinstance(region, str) and region else None
 
 
-def imds_enabled(env: Mapping[str, str]) -> bool:
-    """False when ``SRIFTY_IMDS`` is ``off``/``0``/``false``/``no``."""
-    return env.get(ENV_IMDS, "on").strip().lower() not in ("off", "0", "false", "no")
-
-
 def query_imds(endpoint: str = IMDS_ENDPOINT, timeout_s: float = IMDS_TIMEOUT_S) -> Placement:
-    """Instance type and region from EC2 IMDSv2 (token PUT, then two GETs).
+    """Instance type and region from EC2 IMDSv2 (token PUT, then two GETs), no proxy.
 
-    Returns an empty :class:`Placement` on any network failure or timeout: not being on
-    EC2 is the normal case and must cost at most ``timeout_s``.
+    Returns an empty :class:`Placement` when the service does not answer: being
+    elsewhere than EC2 is normal and must cost at most a few timeouts.
     """
+    client = ImdsClient(endpoint, timeout_s=timeout_s, attempts=2, backoff_s=0.05)
     try:
-        token_request = urllib.request.Request(
-            f"{endpoint}/latest/api/token",
-            method="PUT",
-            headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+        return Placement(
+            instance_type=(client.get("instance-type") or "").strip() or None,
+            region=(client.get("placement/region") or "").strip() or None,
         )
-        with urllib.request.urlopen(token_request, timeout=timeout_s) as resp:  # noqa: S310
-            token = resp.read().decode()
-
-        def get(path: str) -> str | None:
-            request = urllib.request.Request(
-                f"{endpoint}/latest/meta-data/{path}",
-                headers={"X-aws-ec2-metadata-token": token},
-            )
-            with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310
-                text: str = resp.read().decode().strip()
-            return text or None
-
-        return Placement(instance_type=get("instance-type"), region=get("placement/region"))
-    except (OSError, urllib.error.URLError, ValueError):
+    except MetadataUnavailableError:
         return Placement()
 
 
@@ -115,8 +103,11 @@ def detect_placement(
     *,
     endpoint: str = IMDS_ENDPOINT,
     timeout_s: float = IMDS_TIMEOUT_S,
+    dmi_dir: Path = DMI_DIR,
+    hypervisor_uuid: Path = HYPERVISOR_UUID,
 ) -> Placement:
-    """Combines SkyPilot's region with the metadata service's instance type."""
+    """Combines SkyPilot's region with the metadata service's instance type (on EC2)."""
     sky_region = region_from_skypilot(env)
-    imds = query_imds(endpoint, timeout_s) if imds_enabled(env) else Placement()
+    allowed = imds_allowed(env, dmi_dir=dmi_dir, hypervisor_uuid=hypervisor_uuid)
+    imds = query_imds(endpoint, timeout_s) if allowed else Placement()
     return Placement(instance_type=imds.instance_type, region=sky_region or imds.region)

@@ -29,7 +29,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 from lightning_srifty.core import launch_protocol as proto
-from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.errors import CheckpointError, ConfigError
 from lightning_srifty.core.launch_protocol import ProgressEvent
 
 PROGRESS_EVERY_S = 1.0
@@ -82,12 +82,13 @@ class LaunchSession:
     """Resume, periodic/emergency checkpoints, target and progress for one run."""
 
     def __init__(self, settings: LaunchSettings):
-        from lightning_srifty.capture.preemption import PreemptionWatcher
+        from lightning_srifty.capture.preemption import PreemptionWatcher, StepVote
         from lightning_srifty.io.checkpoint_store import open_store
 
         self.settings = settings
         self.store = open_store(settings.checkpoint_uri, keep=settings.keep_checkpoints)
         self.watcher = PreemptionWatcher(os.environ) if settings.mode == proto.MODE_TRAIN else None
+        self.vote = StepVote()
         self.resumed_from = ""
         self._last_ckpt_time = time.monotonic()
         self._last_ckpt_step = 0
@@ -101,7 +102,13 @@ class LaunchSession:
         """Arranges the automatic resume before Lightning restores state."""
         from lightning_srifty.capture.checkpointing import install_auto_resume, restore_latest
 
-        restored = restore_latest(self.store)
+        try:
+            restored = restore_latest(self.store)
+        except CheckpointError as exc:
+            # Unreachable store or access denied: stop here. Starting from an older
+            # checkpoint or from scratch would waste the work the store still holds.
+            print(f"srifty: cannot resume: {exc}", file=sys.stderr, flush=True)
+            raise
         if restored is not None:
             path, checkpoint_id = restored
             install_auto_resume(trainer, path)
@@ -146,6 +153,7 @@ class LaunchSession:
         raise ConfigError(message)
 
     def on_train_start(self, trainer: pl.Trainer) -> None:
+        self.vote.start()  # collective: every rank is here
         if self.watcher is not None:
             # After Lightning installed its SIGTERM handler, so ours takes the signal.
             self.watcher.start()
@@ -170,17 +178,27 @@ class LaunchSession:
             per_step = (now - self._last_report_time) / (step - self._last_report_step)
             self._report(trainer, "step", step, per_step)
             self._last_report_time, self._last_report_step = now, step
-        if self.watcher is not None and self._preempted(trainer):
+        agreed = self.vote.collect()
+        if agreed.preempt:
             self._emergency_exit(trainer)
         target = self.settings.target_steps
         if (target is not None and step >= target) or self._epochs_reached(trainer):
             trainer.should_stop = True
             return
-        interval = self.settings.checkpoint_interval_s
         every = self.settings.checkpoint_every_steps
-        if (interval and now - self._last_ckpt_time >= interval) or (
-            every and step - self._last_ckpt_step >= every
-        ):
+        # Steps are the same on every rank, so the step rule needs no vote; the clock
+        # rule is rank zero's reading, agreed through the vote.
+        if agreed.checkpoint or (every and step - self._last_ckpt_step >= every):
+            self.save(trainer, "periodic")
+        interval = self.settings.checkpoint_interval_s
+        now = time.monotonic()
+        local = self.vote.launch(
+            notice=self.watcher is not None and self.watcher.should_checkpoint(),
+            checkpoint_due=bool(interval and now - self._last_ckpt_time >= interval),
+        )
+        if local.preempt:
+            self._emergency_exit(trainer)
+        if local.checkpoint:
             self.save(trainer, "periodic")
 
     def _epochs_reached(self, trainer: pl.Trainer) -> bool:
@@ -205,6 +223,7 @@ class LaunchSession:
         trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer) -> None:
+        self.vote.finish()
         if self.settings.mode == proto.MODE_TRAIN:
             mean_step_s = self._mean_step_s(trainer)
             self.save(trainer, "final")
@@ -233,22 +252,18 @@ class LaunchSession:
         )
         return checkpoint_id or ""
 
-    def _preempted(self, trainer: pl.Trainer) -> bool:
-        from lightning_srifty.capture.preemption import agree_across_ranks
-
-        assert self.watcher is not None
-        return agree_across_ranks(trainer, self.watcher.should_checkpoint())
-
     def _emergency_exit(self, trainer: pl.Trainer) -> None:
         from lightning_srifty.capture.preemption import finish_preempted
 
         assert self.watcher is not None
         checkpoint_id = self.save(trainer, "emergency")
-        took = time.monotonic() - (self.watcher.noticed_at or time.monotonic())
+        noticed_at = self.watcher.noticed_at
+        why = self.watcher.reason or "a preemption notice on another rank"
+        after = "" if noticed_at is None else f", {time.monotonic() - noticed_at:.1f} s after it"
         if trainer.is_global_zero:
             print(
-                f"srifty: {self.watcher.reason or 'preemption notice'}; emergency checkpoint "
-                f"{checkpoint_id} at step {trainer.global_step}, {took:.1f} s after the notice",
+                f"srifty: {why}; emergency checkpoint {checkpoint_id} at step "
+                f"{trainer.global_step}{after}",
                 file=sys.stderr,
             )
         self._report(trainer, "preempted", int(trainer.global_step), 0.0, checkpoint=checkpoint_id)

@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", default="20s", help="SIGTERM-to-SIGKILL grace on revocation")
     p.add_argument("--local-procs", type=int, default=2, help="local backend: max processes")
     p.add_argument("--local-nodes", type=int, default=2, help="local backend: max nodes")
+    p.add_argument(
+        "--keep-clusters",
+        action="store_true",
+        help="sky backends: keep clusters up on Ctrl-C (srifty down RUN_DIR)",
+    )
+    p.add_argument("--setup", help="sky backends: extra node setup commands (shell)")
     return p
 
 
@@ -215,6 +221,8 @@ def options_from_args(
         local_max_nodes=args.local_nodes,
         local_max_procs=args.local_procs,
         policy=args.policy,
+        keep_clusters=args.keep_clusters,
+        setup=args.setup,
     )
 
 
@@ -426,7 +434,7 @@ def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
     rows.append(("steps done", f"{run.steps_done} / {run.target_steps}"))
     resumed = [a.resumed_from for a in run.attempts if a.resumed_from]
     rows.append(("resumed from", ", ".join(resumed) or "-"))
-    rows.append(("preemptions survived", str(len(run.migrations))))
+    rows.append(("preemptions survived", str(len(run.migrations) + run.recoveries)))
     for move in run.migrations:
         rows.append(
             (

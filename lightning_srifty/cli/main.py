@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from lightning_srifty import __version__
 from lightning_srifty.cli import (
     calibrate_cmd,
+    down_cmd,
     plan_cmd,
     predict_cmd,
     profile_cmd,
@@ -22,7 +23,15 @@ from lightning_srifty.cli import (
 )
 from lightning_srifty.core.errors import SriftyError
 
-COMMANDS = (profile_cmd, predict_cmd, calibrate_cmd, validate_cmd, plan_cmd, simulate_cmd)
+COMMANDS = (
+    profile_cmd,
+    predict_cmd,
+    calibrate_cmd,
+    validate_cmd,
+    plan_cmd,
+    simulate_cmd,
+    down_cmd,
+)
 
 
 class _Parser(argparse.ArgumentParser):

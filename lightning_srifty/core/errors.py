@@ -59,8 +59,28 @@ class InfeasibleError(SriftyError):
     """No plan meets the constraints; the message says what is achievable."""
 
 
+class MetadataUnavailableError(SriftyError):
+    """The EC2 instance metadata service did not answer (used inside the job only)."""
+
+
 class CheckpointError(SriftyError):
     """A checkpoint store cannot be reached, written or read."""
+
+
+class CheckpointMissingError(CheckpointError):
+    """A stored object is not there (deleted, or an upload that never finished).
+
+    Missing and corrupt checkpoints are the only reasons a resume may fall back to the
+    previous verified checkpoint.
+    """
+
+
+class StoreUnavailableError(CheckpointError):
+    """The store did not answer (connection refused or reset, timeout, 5xx, throttling).
+
+    Transient by nature: it is retried, and a resume that still meets it stops with this
+    error rather than start from an older checkpoint or from scratch.
+    """
 
 
 class LaunchError(SriftyError):
@@ -69,3 +89,15 @@ class LaunchError(SriftyError):
 
 class CredentialsError(LaunchError):
     """Cloud credentials are missing or unusable."""
+
+
+class CapacityError(LaunchError):
+    """The cloud has no capacity for the requested resources right now.
+
+    For the controller this is a preemption of length zero: the offer cools down and the
+    spot policy chooses again.
+    """
+
+
+class ApiUnavailableError(LaunchError):
+    """The SkyPilot API server stayed unreachable for longer than the launcher waits."""

@@ -41,7 +41,8 @@ ENV_STATE_DIR = "SRIFTY_STATE_DIR"
 """Per-attempt folder; the callback drops markers (attached, preempted) here."""
 ENV_S3_ENDPOINT_URL = "SRIFTY_S3_ENDPOINT_URL"
 ENV_IMDS = "SRIFTY_IMDS"
-"""``off`` disables EC2 metadata look-ups (tests, non-EC2 machines)."""
+"""EC2 metadata look-ups: ``auto`` (default: only where the DMI vendor says EC2),
+``on`` (always, e.g. a test's local service) or ``off`` (never)."""
 
 ATTACHED_MARKER = "callback-attached"
 """Written at setup, so the launcher can tell "no callback" from "crashed early"."""

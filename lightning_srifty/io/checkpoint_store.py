@@ -21,10 +21,25 @@ ever points at missing bytes.
 S3 connection errors and throttling are retried with exponential backoff by botocore's
 ``standard`` retry mode; anything still failing becomes a one-line
 :class:`~lightning_srifty.core.errors.CheckpointError`.
+
+Failures are told apart, because they call for opposite reactions when resuming:
+
+* **missing or corrupt** (no such object, truncated, wrong sha256, unreadable manifest):
+  that checkpoint is unusable, so the resume falls back to the previous verified one;
+* **unavailable** (connection refused or reset, timeouts, 5xx, throttling:
+  :class:`~lightning_srifty.core.errors.StoreUnavailableError`): nothing is known about
+  the checkpoint, so the resume retries with backoff for ``patience_s`` and then stops
+  with a clear error. Falling back here would restart from an older checkpoint, or from
+  step 0, and the retention that follows would delete the good checkpoints.
+
+Pruning never deletes the newest checkpoint this store object verified (restored with
+a matching sha256, or uploaded itself), and deletes nothing at all once a read met an
+unavailable store.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -40,9 +55,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lightning_srifty.core.errors import CheckpointError, CredentialsError, SchemaError
+from lightning_srifty.core.errors import (
+    CheckpointError,
+    CheckpointMissingError,
+    CredentialsError,
+    SchemaError,
+    StoreUnavailableError,
+)
 from lightning_srifty.core.launch_protocol import ENV_S3_ENDPOINT_URL
 from lightning_srifty.core.validate import Reader, check_version
+from lightning_srifty.io.ec2 import is_ec2
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +76,31 @@ S3_MAX_ATTEMPTS = 8
 """botocore attempts per request (first try + retries) for training-time uploads."""
 S3_CHECK_ATTEMPTS = 2
 """Attempts for the reachability check, which should fail fast with a clear message."""
+S3_CHECK_CONNECT_TIMEOUT_S = 3.0
+S3_CHECK_READ_TIMEOUT_S = 5.0
+"""A hung endpoint (accepts, never answers) costs at most this per attempt."""
+S3_CHECK_DEADLINE_S = 15.0
+"""Wall-clock bound on the whole check, whatever botocore's timeouts do."""
+RESUME_PATIENCE_S = 300.0
+"""How long a resume keeps retrying an unavailable store before it stops."""
+RESUME_BACKOFF_S = (1.0, 30.0)
+"""First and longest wait between those retries (doubling in between)."""
+_S3_UNAVAILABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+        "InternalError",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+    }
+)
+_S3_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 _ID = re.compile(r"^(\d{20})-step(\d{9,})$")
 _HASH_CHUNK = 8 * 1024 * 1024
@@ -119,6 +166,12 @@ class CheckpointRef:
         )
 
 
+def _step_of(checkpoint_id: str) -> int:
+    """The step encoded in a checkpoint id (``-1`` for a foreign name)."""
+    match = _ID.match(checkpoint_id)
+    return int(match.group(2)) if match else -1
+
+
 def data_name(checkpoint_id: str) -> str:
     return f"{DATA_DIR}/{checkpoint_id}.ckpt"
 
@@ -148,8 +201,19 @@ def new_checkpoint_id(step: int, newest_existing: str | None, now_ns: int | None
 class CheckpointStore(ABC):
     """Versioned, verified checkpoints under one root; subclasses move bytes."""
 
-    uri: str
-    keep: int
+    def __init__(self, uri: str, keep: int):
+        if keep < 1:
+            raise CheckpointError(f"keep must be >= 1, got {keep}")
+        self.uri = uri
+        self.keep = keep
+        self.verified_id: str | None = None
+        """Newest checkpoint this object restored (sha256 checked) or uploaded itself."""
+        self.unavailable_seen = False
+        """A read met an unavailable store: pruning is off for this object's lifetime."""
+        self.patience_s = RESUME_PATIENCE_S
+        """How long :meth:`fetch_latest` retries an unavailable store."""
+        self.sleep: Callable[[float], None] = time.sleep
+        self.clock: Callable[[], float] = time.monotonic
 
     # ------------------------------------------------------------ transport
     @abstractmethod
@@ -214,6 +278,7 @@ class CheckpointStore(ABC):
             checkpoint_id, step, reason, time.time(), size, digest, dict(extra or {})
         )
         self._put_bytes(json.dumps(ref.to_manifest(), indent=1).encode(), ref.manifest_name)
+        self.verified_id = ref.id
         try:
             self.prune()
         except CheckpointError as exc:
@@ -223,20 +288,31 @@ class CheckpointStore(ABC):
     def fetch_latest(self, folder: str | os.PathLike[str]) -> tuple[Path, CheckpointRef] | None:
         """Downloads the newest checkpoint whose bytes match its manifest into ``folder``.
 
-        A manifest that cannot be read, or data that is missing or fails its sha256, is
-        reported and skipped: the previous checkpoint is used instead.
+        Only a checkpoint that is *missing or corrupt* (manifest unreadable, data absent,
+        size or sha256 wrong) is skipped for the previous one. An unavailable store is
+        retried with backoff for :attr:`patience_s`; if it stays unavailable this raises,
+        because falling back would silently restart from older work.
 
         Returns:
             ``(local path, ref)``, or ``None`` when the store holds no usable checkpoint.
+
+        Raises:
+            StoreUnavailableError: the store stayed unreachable; nothing was deleted.
+            CheckpointError: any other failure (access denied, bad configuration).
         """
         dest_dir = Path(folder)
         dest_dir.mkdir(parents=True, exist_ok=True)
-        for ref in self.refs():
+        started = self.clock()
+        for ref in self._patiently(self.refs, "listing checkpoints", started):
             dest = dest_dir / f"{ref.id}.ckpt"
             try:
-                self._get_file(ref.data_name, dest)
-            except CheckpointError as exc:
-                log.warning("checkpoint %s in %s is unusable (%s); trying the previous one",
+                self._patiently(
+                    functools.partial(self._get_file, ref.data_name, dest),
+                    f"downloading checkpoint {ref.id}",
+                    started,
+                )
+            except CheckpointMissingError as exc:
+                log.warning("checkpoint %s in %s is missing (%s); trying the previous one",
                             ref.id, self.uri, exc)  # fmt: skip
                 continue
             actual_size = dest.stat().st_size
@@ -249,22 +325,59 @@ class CheckpointStore(ABC):
                 )  # fmt: skip
                 dest.unlink(missing_ok=True)
                 continue
+            self.verified_id = ref.id
             return dest, ref
         return None
+
+    def _patiently(self, op: Callable[[], T], what: str, started: float) -> T:
+        """Runs ``op``, retrying :class:`StoreUnavailableError` with backoff until
+        :attr:`patience_s` after ``started``; then raises one clear error."""
+        wait, longest = RESUME_BACKOFF_S
+        while True:
+            try:
+                return op()
+            except StoreUnavailableError as exc:
+                self.unavailable_seen = True
+                waited = self.clock() - started
+                left = self.patience_s - waited
+                if left <= 0:
+                    raise StoreUnavailableError(
+                        f"{self.uri} stayed unreachable for {waited:.0f} s while {what} "
+                        f"({exc}); stopping instead of resuming from an older checkpoint "
+                        "or from scratch, and nothing was deleted - retry when the store "
+                        "is reachable"
+                    ) from None
+                pause = min(wait, left)
+                log.warning("%s: store unavailable (%s); retrying in %.0f s", what, exc, pause)
+                self.sleep(pause)
+                wait = min(wait * 2, longest)
 
     def prune(self) -> None:
         """Keeps the newest ``keep`` checkpoints and removes orphaned data.
 
         Orphans are data objects without a manifest that are older than the newest
-        manifest: uploads that died before their manifest was written.
+        manifest: uploads that died before their manifest was written. Never removed:
+        the newest verified checkpoint, and any checkpoint further ahead (a higher step)
+        than it, so a job that somehow started behind what is stored cannot prune away
+        the progress it failed to read. Nothing is removed once a read met an
+        unavailable store (what is stored is then not known well enough to delete).
         """
+        if self.unavailable_seen:
+            log.warning("not pruning %s: a read found the store unavailable earlier", self.uri)
+            return
         ids = self.checkpoint_ids()
+        protected: set[str] = set()
+        if self.verified_id:
+            floor = _step_of(self.verified_id)
+            protected = {i for i in ids if _step_of(i) > floor} | {self.verified_id}
         for old in ids[self.keep :]:
+            if old in protected:
+                continue
             self._delete(manifest_name(old))
             self._delete(data_name(old))
         if not ids:
             return
-        kept = set(ids[: self.keep])
+        kept = set(ids[: self.keep]) | protected
         for name in self._list(DATA_DIR):
             stem = name[: -len(".ckpt")] if name.endswith(".ckpt") else name
             if stem not in kept and _ID.match(stem) and stem < ids[0]:
@@ -276,7 +389,9 @@ class CheckpointStore(ABC):
         try:
             raw = self._get_bytes(name)
             return CheckpointRef.from_manifest(json.loads(raw), source=source)
-        except (CheckpointError, SchemaError, ValueError) as exc:
+        except (CheckpointMissingError, SchemaError, ValueError) as exc:
+            # Missing or garbled: this checkpoint is unusable. An unavailable store
+            # (StoreUnavailableError) propagates: the manifest may be perfectly good.
             log.warning("skipping unreadable checkpoint manifest %s: %s", source, exc)
             return None
 
@@ -286,11 +401,8 @@ class LocalStore(CheckpointStore):
     """Checkpoints in a directory (a local disk or a shared file system)."""
 
     def __init__(self, root: str | os.PathLike[str], *, keep: int = DEFAULT_KEEP):
-        if keep < 1:
-            raise CheckpointError(f"keep must be >= 1, got {keep}")
         self.root = Path(root).expanduser().resolve()
-        self.uri = str(self.root)
-        self.keep = keep
+        super().__init__(str(self.root), keep)
 
     def check(self) -> None:
         try:
@@ -338,7 +450,7 @@ class LocalStore(CheckpointStore):
             # A hard link is instant and survives pruning of the stored copy.
             os.link(source, dest)
         except FileNotFoundError:
-            raise CheckpointError(f"{source} is missing") from None
+            raise CheckpointMissingError(f"{source} is missing") from None
         except OSError:
             try:
                 shutil.copyfile(source, dest)
@@ -348,6 +460,8 @@ class LocalStore(CheckpointStore):
     def _get_bytes(self, name: str) -> bytes:
         try:
             return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            raise CheckpointMissingError(f"{self.root / name} is missing") from None
         except OSError as exc:
             raise CheckpointError(
                 f"cannot read {self.root / name}: {exc.strerror or exc}"
@@ -410,28 +524,38 @@ class S3Store(CheckpointStore):
         max_attempts: int = S3_MAX_ATTEMPTS,
         env: Mapping[str, str] | None = None,
     ):
-        if keep < 1:
-            raise CheckpointError(f"keep must be >= 1, got {keep}")
         self.bucket, self.prefix = parse_s3_uri(uri)
-        self.uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-        self.keep = keep
+        super().__init__(f"s3://{self.bucket}/{self.prefix}".rstrip("/"), keep)
         environ = os.environ if env is None else env
         self.endpoint_url = endpoint_url or environ.get(ENV_S3_ENDPOINT_URL) or None
         self.max_attempts = max_attempts
         self._client_cache: Any = None
 
-    def _client(self, max_attempts: int | None = None) -> Any:
+    def _client(
+        self,
+        max_attempts: int | None = None,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+    ) -> Any:
         import boto3
         from botocore.config import Config
 
         if max_attempts is None and self._client_cache is not None:
             return self._client_cache
         config = Config(
-            retries={"max_attempts": max_attempts or self.max_attempts, "mode": "standard"},
-            connect_timeout=5,
-            read_timeout=60,
+            # total_max_attempts counts the first try; botocore's max_attempts does not.
+            retries={"total_max_attempts": max_attempts or self.max_attempts, "mode": "standard"},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
         )
-        client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
+        session = boto3.session.Session()
+        if not is_ec2():
+            # botocore's last credential source asks 169.254.169.254 for a role; off EC2
+            # that is a packet to nowhere and a timeout, so it is left out.
+            resolver = session._session.get_component("credential_provider")  # noqa: SLF001
+            resolver.remove("iam-role")
+        client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         if max_attempts is None:
             self._client_cache = client
         return client
@@ -440,11 +564,18 @@ class S3Store(CheckpointStore):
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Runs one boto3 call, turning its failures into one-line errors."""
-        from boto3.exceptions import S3UploadFailedError
+        """Runs one boto3 call, turning its failures into one-line errors.
+
+        Missing objects become :class:`CheckpointMissingError`; connection failures,
+        timeouts, 5xx answers and throttling (after botocore's own retries) become
+        :class:`StoreUnavailableError`; everything else a plain :class:`CheckpointError`.
+        """
+        from boto3.exceptions import RetriesExceededError, S3UploadFailedError
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
+            ConnectionError,
+            HTTPClientError,
             NoCredentialsError,
             PartialCredentialsError,
         )
@@ -459,6 +590,7 @@ class S3Store(CheckpointStore):
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code", "?"))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             if code in ("NoSuchBucket",) or (code == "404" and what == "check"):
                 raise CheckpointError(f"bucket {self.bucket} does not exist ({self.uri})") from None
             if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
@@ -466,17 +598,54 @@ class S3Store(CheckpointStore):
                     f"access to {self.uri} denied ({code}); check the bucket policy and "
                     "your credentials"
                 ) from None
-            raise CheckpointError(
-                f"S3 {what} failed for {self.uri}: {code} {error.get('Message', '')}".rstrip()
-            ) from None
+            detail = f"{code} {error.get('Message', '')}".rstrip()
+            if code in _S3_MISSING_CODES:
+                raise CheckpointMissingError(f"S3 {what} of {self.uri}: {detail}") from None
+            if code in _S3_UNAVAILABLE_CODES or status >= 500 or status == 429:
+                raise StoreUnavailableError(f"S3 {what} failed for {self.uri}: {detail}") from None
+            raise CheckpointError(f"S3 {what} failed for {self.uri}: {detail}") from None
         except S3UploadFailedError as exc:
             raise CheckpointError(f"S3 upload to {self.uri} failed: {exc}") from None
+        except (ConnectionError, HTTPClientError, RetriesExceededError) as exc:
+            # EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError,
+            # ConnectionClosedError ... : nothing was learnt about the object.
+            raise StoreUnavailableError(f"S3 {what} failed for {self.uri}: {exc}") from None
         except BotoCoreError as exc:
             raise CheckpointError(f"S3 {what} failed for {self.uri}: {exc}") from None
 
     def check(self) -> None:
-        client = self._client(max_attempts=S3_CHECK_ATTEMPTS)
-        self._call("check", lambda: client.head_bucket(Bucket=self.bucket))
+        """Fails within :data:`S3_CHECK_DEADLINE_S` with one line when S3 is unusable.
+
+        Short timeouts and two attempts bound a hung endpoint (one that accepts the
+        connection and never answers) to about 11 s; the HEAD runs in a worker thread
+        joined with a hard deadline so no stack of retries can take longer.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        client = self._client(
+            max_attempts=S3_CHECK_ATTEMPTS,
+            connect_timeout=S3_CHECK_CONNECT_TIMEOUT_S,
+            read_timeout=S3_CHECK_READ_TIMEOUT_S,
+        )
+        where = self.endpoint_url or "AWS S3"
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="srifty-s3-check")
+        future = pool.submit(self._call, "check", lambda: client.head_bucket(Bucket=self.bucket))
+        try:
+            future.result(timeout=S3_CHECK_DEADLINE_S)
+        except FutureTimeout:
+            raise StoreUnavailableError(
+                f"S3 check failed for {self.uri}: {where} did not answer within "
+                f"{S3_CHECK_DEADLINE_S:.0f} s; check the network and SRIFTY_S3_ENDPOINT_URL"
+            ) from None
+        except StoreUnavailableError as exc:
+            raise StoreUnavailableError(
+                f"{exc}; {where} did not answer (tried {S3_CHECK_ATTEMPTS} times, "
+                f"{S3_CHECK_READ_TIMEOUT_S:.0f} s each) - check the network and "
+                "SRIFTY_S3_ENDPOINT_URL"
+            ) from None
+        finally:
+            pool.shutdown(wait=False)
 
     def _put_file(self, local: Path, name: str) -> None:
         client = self._client()

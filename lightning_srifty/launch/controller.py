@@ -5,6 +5,23 @@ The controller owns no policy and no UI. It launches a plan through a
 and on a preemption asks a re-planner for the best plan available now (the preempted
 offer cooling down), then relaunches; training resumes from the newest checkpoint in
 the store. Every migration is logged with why, from where, to where and time lost.
+
+What ends an attempt, and what the controller does about it:
+
+* **spot preemption** (a spot plan's job or nodes were taken away): the offer cools
+  down, the policy hears ``preempted=True`` and the market history counts it;
+* **on-demand interruption** (the same on an on-demand plan: a host retired, a node
+  terminated): relaunched, but labelled as such and not counted against spot;
+* **no capacity** (:class:`~lightning_srifty.core.errors.CapacityError` at launch): a
+  preemption of length zero, the offer cools down and the policy chooses again;
+* **a move by the policy**: while on on-demand the policy is asked again every
+  ``policy_every_s``; when it sends the job back to spot, the running job is drained
+  (it saves a checkpoint on the signal) and relaunched there;
+* anything else (the job failed, setup failed) ends the run with one line.
+
+Injected preemptions (the local backend's stand-in for the spot market) only ever hit
+spot plans. Time comes from ``clock``/``sleep``/``wall`` so a test can drive the loop
+on a virtual clock.
 """
 
 from __future__ import annotations
@@ -20,7 +37,7 @@ from typing import Protocol
 
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Plan
-from lightning_srifty.core.errors import LaunchError, SchemaError
+from lightning_srifty.core.errors import CapacityError, LaunchError, SchemaError
 from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot
 from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
@@ -30,6 +47,8 @@ log = logging.getLogger(__name__)
 
 LOG_CATCH_UP_S = 10.0
 """How long to let a cloud job's log stream deliver its last lines after the job ended."""
+RECONNECT_MAX_S = 60.0
+"""Longest wait between attempts to reopen a broken log stream."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +75,15 @@ class AttemptReport:
     events: tuple[ProgressEvent, ...]
     elapsed_s: float
     expectation: Expectation
-    handle: object = field(default=None, compare=False, repr=False)
-    """The backend's handle of the attempt (to ask it why a failed job failed)."""
+    moved_to: Plan | None = None
+    """The policy sent the job elsewhere (from on-demand back to spot)."""
+    move_reason: str = ""
+    no_capacity: str = ""
+    """Why the launch found no capacity (the attempt never ran)."""
+    detail: str = ""
+    """The backend's one-line account of a failure."""
+    recoveries: int = 0
+    """Preemptions SkyPilot recovered inside this attempt (managed jobs)."""
 
     @property
     def resumed_from(self) -> str:
@@ -92,6 +118,11 @@ class RunSummary:
     def steps_done(self) -> int:
         return max((a.last_step for a in self.attempts), default=0)
 
+    @property
+    def recoveries(self) -> int:
+        """Preemptions SkyPilot's jobs controller survived (besides :attr:`migrations`)."""
+        return sum(a.recoveries for a in self.attempts)
+
 
 class NextPlanner(Protocol):
     """Chooses where the job goes after a preemption (see :mod:`.migration`)."""
@@ -105,6 +136,8 @@ class NextPlanner(Protocol):
         elapsed_h: float,
         cooling: frozenset[tuple[str, str]],
         preempted: bool,
+        on_demand_now: bool = False,
+        spot_up: bool = True,
     ) -> Decision: ...
 
 
@@ -160,35 +193,88 @@ class LogProgress:
     backend hands over a way to stream that log, and :meth:`poll` returns what arrived.
     Log chunks may split lines, so a partial line waits for the rest.
 
+    A stream that breaks before its end (the API server restarted, the connection
+    dropped) is opened again after ``reconnect_s`` seconds (``sleep``), doubling up to
+    :data:`RECONNECT_MAX_S`, up to ``max_reconnects`` times in a row (about an hour);
+    a reopened log starts from its beginning, so
+    events already taken are skipped. :attr:`complete` tells whether the stream reached
+    its end (the job's log is whole), which the SkyPilot backend uses to tell a job
+    that failed from one whose notice never reached us.
+
     Args:
         stream: Opens the log stream: an iterator of text chunks, ``None`` at the end.
         source: Names the log in error messages.
+        reconnect_s: Wait before reopening a broken stream.
+        max_reconnects: Reopenings in a row without a new event before giving up.
+        sleep: How to wait (tests pass a virtual clock's).
     """
 
-    def __init__(self, stream: Callable[[], Iterable[str | None]], source: str):
+    def __init__(
+        self,
+        stream: Callable[[], Iterable[str | None]],
+        source: str,
+        *,
+        reconnect_s: float = 5.0,
+        max_reconnects: int = 60,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.events: list[ProgressEvent] = []
         self._fresh: list[ProgressEvent] = []
+        self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._source = source
+        self._reconnect_s = reconnect_s
+        self._max_reconnects = max_reconnects
+        self._sleep = sleep
+        self._stop = threading.Event()
+        self.complete = False
+        """The stream ended normally (``None``): every line of the log was read."""
+        self.reconnects = 0
         self._thread = threading.Thread(
             target=self._follow, args=(stream,), name="srifty-log-progress", daemon=True
         )
         self._thread.start()
 
     def _follow(self, stream: Callable[[], Iterable[str | None]]) -> None:
-        partial = ""
-        try:
-            for chunk in stream():
-                if chunk is None:
-                    break
-                lines = (partial + chunk).split("\n")
-                partial = lines.pop()
-                self._take(lines)
-        except (OSError, RuntimeError, ValueError) as exc:  # the SDK's stream broke
-            log.info("stopped following %s: %s", self._source, exc)
-        self._take([partial])
+        failures = 0
+        last_try = False
+        while True:
+            partial = ""
+            try:
+                for chunk in stream():
+                    if chunk is None:
+                        break
+                    lines = (partial + chunk).split("\n")
+                    partial = lines.pop()
+                    if self._take(lines):
+                        failures = 0
+                self._take([partial])
+                self.complete = True
+                return
+            except (OSError, RuntimeError, ValueError, LaunchError) as exc:
+                # The stream broke: requests' ConnectionError/ChunkedEncodingError are
+                # OSErrors, the SDK raises RuntimeErrors (ApiServerConnectionError) when
+                # the server is gone, and the backend turns "cluster not up" into
+                # LaunchError. Once the attempt is over (stop()) the log is complete on
+                # the server: it is read once more, from the start, and that is all.
+                failures += 1
+                self.reconnects += 1
+                if self._stop.is_set():
+                    if last_try:
+                        log.info("stopped following %s: %s", self._source, exc)
+                        return
+                    last_try = True
+                    continue
+                if failures > self._max_reconnects:
+                    log.info("gave up following %s: %s", self._source, exc)
+                    return
+                wait = min(self._reconnect_s * 2 ** min(failures - 1, 6), RECONNECT_MAX_S)
+                log.info("lost %s (%s); reconnecting in %.0f s", self._source, exc, wait)
+                self._sleep(wait)
+                last_try = self._stop.is_set()
 
-    def _take(self, lines: Sequence[str]) -> None:
+    def _take(self, lines: Sequence[str]) -> bool:
+        """Keeps the new progress events in ``lines``; True when any was new."""
         found = []
         for line in lines:
             try:
@@ -196,10 +282,28 @@ class LogProgress:
             except SchemaError as exc:
                 log.debug("ignoring a garbled progress line: %s", exc)
                 continue
-            if event is not None:
-                found.append(event)
+            if event is None:
+                continue
+            key = event.to_line()
+            if key in self._seen:
+                continue  # replayed by a reopened stream
+            self._seen.add(key)
+            found.append(event)
         with self._lock:
             self._fresh.extend(found)
+        return bool(found)
+
+    def stop(self) -> None:
+        """The attempt is over: read what the current stream still delivers, but do not
+        reopen it when it breaks."""
+        self._stop.set()
+
+    @property
+    def saw_preemption(self) -> bool:
+        """The job reported an emergency checkpoint and exit (``preempted`` event)."""
+        with self._lock:
+            fresh = list(self._fresh)
+        return any(e.event == "preempted" for e in [*self.events, *fresh])
 
     def poll(self) -> list[ProgressEvent]:
         with self._lock:
@@ -256,6 +360,14 @@ class Controller:
     """``PL_TRAINER_*`` defaults that shape the script's Trainer for a plan."""
     target_epochs: float | None = None
     """``--epochs``: the job counts epochs itself (``target_steps`` is then an estimate)."""
+    policy_every_s: float | None = None
+    """While on on-demand, ask the policy again this often (``None``: never)."""
+    keep_on_interrupt: bool = False
+    """On Ctrl-C leave the running job's clusters up (``--keep-clusters``)."""
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    wall: Callable[[], float] = time.time
+    _cooling: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
 
     def env_for(self, attempt: int, plan: Plan) -> dict[str, str]:
         env = dict(self.extra_env)
@@ -294,79 +406,122 @@ class Controller:
         plan = first_plan
         attempts: list[AttemptReport] = []
         migrations: list[Migration] = []
-        cooling: dict[tuple[str, str], int] = {}
-        started = time.monotonic()
+        self._cooling = {}
+        started = self.clock()
         cost = 0.0
         preempted_at: float | None = None
         reached = self.start_step
         for attempt in range(self.first_attempt, self.first_attempt + self.max_attempts):
-            report = self._attempt(attempt, plan, started, reached)
+            try:
+                report = self._attempt(attempt, plan, started, reached)
+            except CapacityError as exc:
+                report = AttemptReport(
+                    plan, JobState.PREEMPTED, (), 0.0, self.expectation_for(plan),
+                    no_capacity=str(exc),
+                )  # fmt: skip
             reached = max(reached, report.last_step)
-            self.next_planner.record(
-                plan_key(plan), report.elapsed_s / 3600.0, report.state is JobState.PREEMPTED
-            )
+            spot_event = plan.use_spot and report.state is JobState.PREEMPTED
+            if plan.use_spot and report.moved_to is None:
+                # What the spot market did; on-demand time says nothing about it.
+                self.next_planner.record(plan_key(plan), report.elapsed_s / 3600.0, spot_event)
             attempts.append(report)
             cost += report.expectation.hourly_usd * report.elapsed_s / 3600.0
-            if migrations and preempted_at is not None:
-                migrations[-1] = _with_resume(migrations[-1], report, preempted_at)
+            if migrations and preempted_at is not None and not report.no_capacity:
+                migrations[-1] = _with_resume(
+                    migrations[-1], report, preempted_at, self.clock(), self.wall()
+                )
                 self._log_migration(migrations[-1])
+                preempted_at = None
             if report.state is JobState.SUCCEEDED or report.finished:
                 return RunSummary(
                     tuple(attempts),
                     tuple(migrations),
                     self.target_steps,
                     cost,
-                    time.monotonic() - started,
+                    self.clock() - started,
                 )
-            if report.state is not JobState.PREEMPTED:
-                why = _failure_reason(self.backend, report)
-                raise LaunchError(
-                    f"training failed on {plan.cluster.describe()} (state {report.state.value})"
-                    f"{': ' + why if why else ''}; logs are in {self.run_dir}"
-                )
-            preempted_at = time.monotonic()
-            cooling = _cool_down(cooling)
-            for key in offer_keys(plan):
-                cooling[key] = self.cooldown_attempts
-            decision = self.next_planner.decide(
-                steps_done=reached,
-                elapsed_h=(preempted_at - started) / 3600.0,
-                cooling=frozenset(cooling),
-                preempted=True,
-            )
-            waits = 0
-            while decision.plan is None:
-                waits += 1
-                if waits > self.max_waits:
+            still_moving = report.no_capacity and preempted_at is not None and migrations
+            if report.moved_to is not None:
+                new_plan = report.moved_to
+                why = f"policy move; {true_move(report.move_reason, plan, new_plan)}"
+                preempted_at = self.clock()
+            else:
+                if report.state is not JobState.PREEMPTED:
+                    detail = f"; {report.detail}" if report.detail else ""
                     raise LaunchError(
-                        f"the spot policy kept waiting ({decision.reason}); logs are in "
-                        f"{self.run_dir}"
+                        f"training failed on {plan.cluster.describe()} (state "
+                        f"{report.state.value}{detail}); logs are in {self.run_dir}"
                     )
-                if self.on_wait:
-                    self.on_wait(decision.reason, self.wait_s)
-                time.sleep(self.wait_s)
-                cooling = _cool_down(cooling)
-                decision = self.next_planner.decide(
-                    steps_done=reached,
-                    elapsed_h=(time.monotonic() - started) / 3600.0,
-                    cooling=frozenset(cooling),
-                    preempted=False,
+                if not still_moving:
+                    preempted_at = self.clock()
+                self._cooling = _cool_down(self._cooling)
+                if report.no_capacity or plan.use_spot:
+                    for key in offer_keys(plan):
+                        self._cooling[key] = self.cooldown_attempts
+                new_plan, why = self._next_plan(
+                    reached, started, preempted=spot_event and not report.no_capacity
                 )
-            new_plan = decision.plan
-            migration = Migration(
-                at_s=preempted_at - started,
-                reason=f"spot preemption; {true_move(decision.reason, plan, new_plan)}",
-                from_plan=_describe(plan),
-                to_plan=_describe(new_plan),
-                step_at_preemption=report.last_step,
-                resumed_step=report.last_step,
-                lost_s=0.0,
-            )
-            migrations.append(migration)
+                why = f"{_interruption_kind(plan, report)}; {true_move(why, plan, new_plan)}"
+            assert preempted_at is not None
+            if still_moving:
+                # The move after a preemption found no capacity where it went: the same
+                # move continues elsewhere (time lost still counts from the preemption).
+                migration = replace(
+                    migrations[-1],
+                    reason=f"{migrations[-1].reason}; then {why}",
+                    to_plan=_describe(new_plan),
+                )
+                migrations[-1] = migration
+            else:
+                migration = Migration(
+                    at_s=preempted_at - started,
+                    reason=why,
+                    from_plan=_describe(plan),
+                    to_plan=_describe(new_plan),
+                    step_at_preemption=report.last_step,
+                    resumed_step=report.last_step,
+                    lost_s=0.0,
+                )
+                migrations.append(migration)
             if self.on_migration:
                 self.on_migration(migration)
             plan = new_plan
         raise LaunchError(f"gave up after {self.max_attempts} attempts; logs are in {self.run_dir}")
+
+    def _next_plan(self, reached: int, started: float, *, preempted: bool) -> tuple[Plan, str]:
+        """Asks the policy where to go, waiting (and asking again) while it says wait."""
+        decision = self._decide(reached, started, preempted=preempted)
+        waits = 0
+        while decision.plan is None:
+            waits += 1
+            if waits > self.max_waits:
+                raise LaunchError(
+                    f"the spot policy kept waiting ({decision.reason}); logs are in {self.run_dir}"
+                )
+            if self.on_wait:
+                self.on_wait(decision.reason, self.wait_s)
+            self.sleep(self.wait_s)
+            self._cooling = _cool_down(self._cooling)
+            decision = self._decide(reached, started, preempted=False)
+        return decision.plan, decision.reason
+
+    def _decide(
+        self, reached: int, started: float, *, preempted: bool, on_demand_now: bool = False
+    ) -> Decision:
+        now = self.clock()
+        return self.next_planner.decide(
+            steps_done=reached,
+            elapsed_h=(now - started) / 3600.0,
+            cooling=frozenset(self._cooling),
+            preempted=preempted,
+            on_demand_now=on_demand_now,
+            spot_up=self._spot_up(now - started),
+        )
+
+    def _spot_up(self, total_elapsed_s: float) -> bool:
+        """What the injected market says (a replayed trace); True when unknown."""
+        available = getattr(self.preemptions, "spot_available", None)
+        return True if available is None else bool(available(total_elapsed_s))
 
     def _attempt(self, attempt: int, plan: Plan, started: float, start_step: int) -> AttemptReport:
         expect = self.expectation_for(plan)
@@ -383,14 +538,18 @@ class Controller:
         progress: ProgressSource = local_file
         if not self.progress_is_local and follow is not None:
             progress = follow(handle)
-        t0 = time.monotonic()
+        t0 = self.clock()
+        next_ask = t0 + (self.policy_every_s or 0.0)
         injected = False
+        moved: Decision | None = None
         state = JobState.PENDING
+        keep = False
+        ended = False
         try:
             while True:
                 state = self.backend.status(handle)
                 progress.poll()
-                now = time.monotonic()
+                now = self.clock()
                 if self.on_update:
                     self.on_update(
                         plan,
@@ -404,6 +563,7 @@ class Controller:
                 reached = max((e.step for e in progress.events), default=0)
                 if (
                     not injected
+                    and plan.use_spot  # the spot market revokes spot nodes only
                     and made_progress
                     and reached < self.target_steps
                     and self.preemptions is not None
@@ -417,26 +577,59 @@ class Controller:
                         )
                     preempt(handle, grace_s=self.grace_s)
                     continue
-                time.sleep(self.poll_s)
+                if (
+                    moved is None
+                    and self.policy_every_s
+                    and not plan.use_spot
+                    and made_progress
+                    and now >= next_ask
+                ):
+                    next_ask = now + self.policy_every_s
+                    self._cooling = _cool_down(self._cooling)
+                    ask = self._decide(
+                        max(reached, start_step), started, preempted=False, on_demand_now=True
+                    )
+                    if ask.plan is not None and ask.plan.use_spot:
+                        moved = ask
+                        self._drain(handle)
+                        continue
+                self.sleep(self.poll_s)
+            ended = True
+        except KeyboardInterrupt:
+            keep = self.keep_on_interrupt
+            raise
         finally:
+            if isinstance(progress, LogProgress):
+                progress.stop()  # no reconnecting from here on: one last full read
+                if ended:
+                    progress.wait(LOG_CATCH_UP_S)  # the log's last lines, before the down
             # Finished, failed or preempted: release what is left (billing stops; a
             # half-preempted cluster is torn down before the job moves elsewhere).
-            self.backend.stop(handle)
-        if isinstance(progress, LogProgress):
-            progress.wait(LOG_CATCH_UP_S)
+            if not keep:
+                self.backend.stop(handle)
         progress.poll()
+        describe = getattr(self.backend, "failure_detail", None)
+        detail = describe(handle) if describe is not None and state is JobState.FAILED else ""
+        count = getattr(self.backend, "recoveries", None)
         return AttemptReport(
-            plan, state, tuple(progress.events), time.monotonic() - t0, expect, handle
+            plan,
+            state,
+            tuple(progress.events),
+            self.clock() - t0,
+            expect,
+            moved_to=moved.plan if moved is not None else None,
+            move_reason=moved.reason if moved is not None else "",
+            detail=str(detail or ""),
+            recoveries=int(count(handle)) if count is not None else 0,
         )
 
-
-def _failure_reason(backend: Backend, report: AttemptReport) -> str:
-    """The one-line reason the job left before failing, where the backend can read it."""
-    reason = getattr(backend, "failure_reason", None)
-    handle = getattr(report, "handle", None)
-    if reason is None or handle is None:
-        return ""
-    return str(reason(handle) or "")
+    def _drain(self, handle: object) -> None:
+        """Asks the running job to checkpoint and stop (it exits on the signal)."""
+        drain = getattr(self.backend, "drain", None) or getattr(self.backend, "preempt", None)
+        if drain is None:
+            self.backend.stop(handle)
+            return
+        drain(handle, grace_s=self.grace_s)
 
 
 def _cool_down(cooling: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
@@ -450,13 +643,31 @@ def _describe(plan: Plan) -> str:
     return f"{plan.cluster.describe()} {market} {zones}"
 
 
-def _with_resume(migration: Migration, report: AttemptReport, preempted_at: float) -> Migration:
-    """Fills in where the next attempt resumed and how long the move took."""
+def _interruption_kind(plan: Plan, report: AttemptReport) -> str:
+    """How a migration log names what ended the attempt."""
+    if report.no_capacity:
+        return f"no capacity ({report.no_capacity})"
+    return "spot preemption" if plan.use_spot else "on-demand interruption"
+
+
+def _with_resume(
+    migration: Migration,
+    report: AttemptReport,
+    preempted_at: float,
+    mono_now: float,
+    wall_now: float,
+) -> Migration:
+    """Fills in where the next attempt resumed and how long the move took.
+
+    Events carry wall time; ``preempted_at`` is monotonic, so it is placed on the wall
+    clock through the pair of readings (``mono_now``, ``wall_now``) taken together.
+    """
     first_progress = next((e for e in report.events if e.event in ("resumed", "step")), None)
     resumed_step = next(
         (e.step for e in report.events if e.event == "resumed"), migration.resumed_step
     )
     lost = migration.lost_s
     if first_progress is not None:
-        lost = max(first_progress.time - (time.time() - (time.monotonic() - preempted_at)), 0.0)
+        preempted_wall = wall_now - (mono_now - preempted_at)
+        lost = max(first_progress.time - preempted_wall, 0.0)
     return replace(migration, resumed_step=resumed_step, lost_s=lost)

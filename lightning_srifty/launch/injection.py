@@ -6,7 +6,9 @@ time ``t`` maps to trace time ``t * X``, and the running attempt is revoked when
 trace's zone goes from available to unavailable while it runs (a revocation is that
 transition; an attempt started during an outage has, by then, moved elsewhere). An
 attempt is never revoked before it reports a training step, so every attempt makes
-progress and the run always ends.
+progress and the run always ends. Only spot plans are revoked (the controller never
+asks on an on-demand plan); the trace's availability also tells the live policy when
+spot is back (:meth:`TraceReplay.spot_available`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ class TraceReplay:
         ticks = np.arange(first, last + 1)[-(len(self.available) + 1) :] % len(self.available)
         up = self.available.astype(bool)[ticks]
         return bool(np.any(up[:-1] & ~up[1:]))
+
+    def spot_available(self, total_elapsed_s: float) -> bool:
+        """Whether the replayed zone has spot capacity now (what the live policy sees)."""
+        tick = self.tick_at(total_elapsed_s) % len(self.available)
+        return bool(self.available[tick])
 
     def mean_time_between_s(self) -> float | None:
         """Mean length of the trace's available runs, in wall seconds (None: no outage)."""

@@ -41,13 +41,20 @@ from lightning_srifty.launch.runs import claim_run_dir, next_attempt, write_run_
 if TYPE_CHECKING:
     from lightning_srifty.io.checkpoint_store import CheckpointStore
 
-BACKENDS = ("local", "sky")
+BACKENDS = ("local", "sky", "sky-jobs")
+SKY_BACKENDS = ("sky", "sky-jobs")
 SPOT_CANDIDATES = 40
 """Ranked spot plans considered after a preemption (one per offer is kept)."""
 CLOUD_WAIT_S = 60.0
 """How long to wait for spot, when the policy waits, before asking again (cloud)."""
 LOCAL_WAIT_S = 2.0
 """The same on the local backend, whose runs last seconds."""
+CLOUD_POLICY_EVERY_S = 300.0
+"""While on on-demand, how often the spot policy is asked whether to go back (cloud)."""
+LOCAL_POLICY_EVERY_S = 2.0
+"""The same on the local backend."""
+MANAGED_TOP_K = 30
+"""Plans ranked for ``--backend sky-jobs``, from which the same-shape ones are ordered."""
 LOOPBACK_GBPS = 40.0
 """Nominal bandwidth of gloo over loopback, for predicting local runs."""
 
@@ -82,6 +89,10 @@ class LaunchOptions:
     local_max_procs: int = 2
     policy: str = "srifty"
     """Spot policy after a preemption (see :data:`~lightning_srifty.core.spot.POLICY_NAMES`)."""
+    keep_clusters: bool = False
+    """On Ctrl-C leave the run's clusters (or managed job) running."""
+    setup: str | None = None
+    """Extra setup commands for the nodes (``--setup``), after the package is installed."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -90,6 +101,8 @@ class LaunchOptions:
             )
         if self.preemptions is not None and self.backend != "local":
             raise ConfigError("--preempt-every/--preempt-trace work only with --backend local")
+        if self.setup and self.backend not in SKY_BACKENDS:
+            raise ConfigError("--setup works only with --backend sky or sky-jobs")
         if self.policy not in POLICY_NAMES:
             raise ConfigError(
                 f"--policy {self.policy!r} is not valid: use one of {', '.join(POLICY_NAMES)}"
@@ -193,11 +206,12 @@ def run_launch(
             write_run_record(run_dir, options.argv)
     options = dataclasses.replace(options, run_dir=run_dir)
     uri = options.checkpoint_uri or default_checkpoint_uri(run_dir)
-    remote = options.backend == "sky"
+    remote = options.backend in SKY_BACKENDS
     if remote and not options.dry_run and not uri.startswith("s3://"):
         raise ConfigError(
-            f"--backend sky needs --checkpoint-uri s3://bucket/prefix (got {uri!r}): cloud "
-            "VMs, and the VMs a job migrates to, cannot read this machine's directories"
+            f"--backend {options.backend} needs --checkpoint-uri s3://bucket/prefix (got "
+            f"{uri!r}): cloud VMs, and the VMs a job migrates to, cannot read this "
+            "machine's directories"
         )
     store = _check_store(uri, options.keep_checkpoints)
     if remote and options.dry_run:
@@ -228,12 +242,17 @@ def run_launch(
     request = options.request
     if request.checkpoint_cost_s is None and checkpoint_s is not None:
         request = dataclasses.replace(request, checkpoint_cost_s=checkpoint_s)
+    if options.backend == "sky-jobs":
+        # A managed job is one task: one instance type, several ranked candidates.
+        request = dataclasses.replace(request, mixes=False, top_k=max(request.top_k, MANAGED_TOP_K))
     if options.pinned:
         result = plan_pinned(profile, offers, model, request, options.pinned)
     else:
         result = plan(profile, offers, model, request)
     ui.show_plan(result, request)
     chosen = result.best
+    if hasattr(backend, "candidates"):
+        backend.candidates = result.plans  # the managed job's ordered resources
     if not options.dry_run and not options.assume_yes and not ui.confirm(chosen):
         raise LaunchError("plan not confirmed; nothing was launched (use --yes to skip asking)")
 
@@ -243,6 +262,11 @@ def run_launch(
     target = _run_target(result, request, profile, world, ui)
     interval_s = _checkpoint_interval_s(options.preemptions, checkpoint_s)
     wait_s = LOCAL_WAIT_S if local is not None else CLOUD_WAIT_S
+    policy_every_s: float | None = (
+        LOCAL_POLICY_EVERY_S if local is not None else CLOUD_POLICY_EVERY_S
+    )
+    if options.backend == "sky-jobs":
+        policy_every_s = None  # SkyPilot's jobs controller decides where the job runs
     controller = Controller(
         backend=backend,
         extra_env=job_env,
@@ -272,8 +296,15 @@ def run_launch(
         start_step=max((ref.step for ref in store.refs()), default=0),
         trainer_env_for=lambda p: _trainer_env(p, local, run_dir),
         target_epochs=request.epochs,
+        policy_every_s=policy_every_s,
+        keep_on_interrupt=options.keep_clusters,
     )
 
+    prepare = getattr(backend, "task_options", None)
+    if prepare is not None:
+        prepare()  # the wheel, .skyignore and requirements, decided once and shown
+        for note in getattr(backend, "notes", ()):
+            ui.info(note)
     if options.dry_run:
         report = _dry_run(controller, chosen, run_dir) if remote else None
         ui.show_dry_run(report)
@@ -310,7 +341,11 @@ def run_launch(
         f" as {topology.nodes} node(s) x {topology.procs_per_node} process(es)" if topology else ""
     )
     ui.info(f"launching on {chosen.cluster.describe()} via the {backend.name} backend{shape}")
-    summary = controller.run(chosen)
+    try:
+        summary = controller.run(chosen)
+    except KeyboardInterrupt:
+        _after_interrupt(backend, options, ui)
+        raise
     outcome = LaunchOutcome(profiled, result, summary, topology)
     ui.summary(outcome)
     return outcome
@@ -439,6 +474,25 @@ def _trainer_env(p: Plan, local: LocalBackend | None, run_dir: Path) -> dict[str
     return env
 
 
+def _after_interrupt(backend: Backend, options: LaunchOptions, ui: LauncherUI) -> None:
+    """Ctrl-C: whatever the run still has up goes down, unless ``--keep-clusters``."""
+    down = getattr(backend, "down_recorded", None)
+    if down is None:
+        return
+    if options.keep_clusters:
+        ui.info(
+            f"interrupted; the run's clusters were kept (--keep-clusters): take them "
+            f"down with `srifty down {options.run_dir}`"
+        )
+        return
+    try:
+        taken = down()
+    except LaunchError as exc:
+        ui.info(f"interrupted; {exc}")
+        return
+    ui.info(f"interrupted; took down {', '.join(taken) or 'nothing (all already down)'}")
+
+
 def measured_checkpoint_s(store: CheckpointStore) -> float | None:
     """Seconds the profiling run's checkpoint took to save and upload (None if unknown)."""
     refs = store.refs()
@@ -551,28 +605,45 @@ def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:
             max_nodes=options.local_max_nodes,
             max_procs=options.local_max_procs,
         )
+    # SkyPilot syncs the script's folder to every node and runs the script from there.
+    settings: dict[str, Any] = {
+        "workdir": str(Path(options.script).resolve().parent),
+        "checkpoint_uri": checkpoint_uri,
+        "run_dir": options.run_dir,
+        "user_setup": options.setup,
+        "keep_clusters": options.keep_clusters,
+        "dry_run": options.dry_run,
+    }
+    if options.backend == "sky-jobs":
+        from lightning_srifty.launch.sky_jobs import SkyJobsBackend
+
+        return SkyJobsBackend(**settings)
     from lightning_srifty.launch.sky_backend import SkyBackend
 
-    # SkyPilot syncs the script's folder to every node and runs the script from there.
-    workdir = str(Path(options.script).resolve().parent)
-    return SkyBackend(workdir=workdir, checkpoint_uri=checkpoint_uri)
+    return SkyBackend(**settings)
 
 
 def _dry_run(controller: Controller, chosen: Plan, run_dir: Path) -> Any:
     """The task YAML a real launch would submit, priced by SkyPilot's optimizer offline."""
-    from lightning_srifty.launch.sky_backend import SkyBackend, build_tasks, dry_run
+    from lightning_srifty.launch.sky_backend import SkyClient, build_tasks, dry_run
 
     backend = controller.backend
-    assert isinstance(backend, SkyBackend)
+    assert isinstance(backend, SkyClient)
+    options = backend.task_options()
+    options["pin_zone"] = True
+    options["envs"] = controller.env_for(1, chosen)
+    if hasattr(backend, "ordered_plans"):
+        from lightning_srifty.launch.sky_jobs import managed_task
+
+        task = managed_task(
+            backend.ordered_plans(chosen),
+            script=controller.script,
+            script_args=list(controller.script_args),
+            **options,
+        )
+        return dry_run([task], run_dir / "sky")
     tasks = build_tasks(
-        chosen,
-        script=controller.script,
-        script_args=list(controller.script_args),
-        checkpoint_uri=controller.checkpoint_uri,
-        envs=controller.env_for(1, chosen),
-        workdir=backend.workdir,
-        setup=backend.setup,
-        pin_zone=True,
+        chosen, script=controller.script, script_args=list(controller.script_args), **options
     )
     return dry_run(tasks, run_dir / "sky")
 

@@ -198,7 +198,7 @@ class LocalBackend:
         return self.status(job)
 
     @staticmethod
-    def failure_reason(handle: object) -> str:
+    def failure_detail(handle: object) -> str:
         """Why the job failed, in one line: the reason the callback left before stopping
         a misconfigured job, else the last exception line of the script's own output."""
         job = _as_job(handle)

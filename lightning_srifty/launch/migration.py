@@ -22,6 +22,11 @@ How the live world maps onto the policy's:
   outage. A live job has no market history from before it was submitted.
 * **Actions**: ``spot`` launches that zone's plan, ``on-demand`` the best on-demand plan,
   ``idle``/``stay`` wait and ask again.
+* **Placement**: after a preemption the job is idle. While it runs on on-demand the
+  controller asks again on a timer with ``placement="on-demand"``, so the policy can
+  send it back to spot as the simulator does (``Observation.placement``).
+* **Availability**: where the launcher knows the spot market (the local backend replaying
+  a trace), ``spot_up=False`` marks every spot offer unavailable.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 
 from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import ConfigError
-from lightning_srifty.core.spot import IDLE, MarketCounts, Observation, Policy
+from lightning_srifty.core.spot import IDLE, ON_DEMAND, MarketCounts, Observation, Policy
 
 OfferKey = tuple[str, str]
 """(instance type, zone)."""
@@ -112,8 +117,20 @@ class PolicyDecider:
         elapsed_h: float,
         cooling: frozenset[OfferKey],
         preempted: bool,
+        on_demand_now: bool = False,
+        spot_up: bool = True,
     ) -> Decision:
-        """The policy's choice for the remaining work, as a plan or a wait."""
+        """The policy's choice for the remaining work, as a plan or a wait.
+
+        Args:
+            steps_done: Steps the job has reached.
+            elapsed_h: Hours since the launch.
+            cooling: Offers to treat as unavailable (recently revoked).
+            preempted: The job just lost its spot placement.
+            on_demand_now: The job is running on on-demand (a timer's question); a
+                ``stay`` or ``idle`` answer then keeps it there.
+            spot_up: False when the spot market is known to be down everywhere.
+        """
         remaining = max(self.target_steps - steps_done, 1)
         found = self.candidates(remaining, elapsed_h)
         spot = _one_per_offer(found.spot)
@@ -132,7 +149,7 @@ class PolicyDecider:
         hours_per_step = slowest / 3600.0
         seen = [self.history.get(k, ZoneHistory()) for k in keys]
         available = tuple(
-            p is not None and k not in cooling for p, k in zip(zones, keys, strict=True)
+            spot_up and p is not None and k not in cooling for p, k in zip(zones, keys, strict=True)
         )
         if self._any_up_before and not any(available):
             self.outages += 1
@@ -154,7 +171,7 @@ class PolicyDecider:
             deadline_hours=math.inf if self.deadline_h is None else self.deadline_h,
             changeover_hours=self.changeover_h,
             changeover_left_hours=0.0,
-            placement=IDLE,
+            placement=ON_DEMAND if on_demand_now else IDLE,
             preempted=preempted,
             available=available,
             spot_prices=tuple(per_work_hour(p) for p in zones),
@@ -166,6 +183,8 @@ class PolicyDecider:
         why = f"{self.policy.name}: {action.reason}" if action.reason else self.policy.name
         if action.kind == "spot" and action.zone is not None and zones[action.zone] is not None:
             return Decision(zones[action.zone], why)
+        if on_demand_now:
+            return Decision(None, why)  # stay where it is: only a move to spot is acted on
         if action.kind == "on-demand" and found.on_demand is not None:
             return Decision(found.on_demand, why)
         return Decision(None, why)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +20,8 @@ from lightning_srifty.capture.environment import (
     query_imds,
     region_from_skypilot,
 )
-from tests.fakes import FakeImds, serve_fake_imds
+from lightning_srifty.capture.imds import is_ec2
+from tests.fakes import FakeImds, serve_fake_imds, silent_endpoint
 
 GIB = 2**30
 
@@ -48,6 +53,33 @@ def test_region_from_skypilot_cluster_info() -> None:
     assert region_from_skypilot({}) is None
 
 
+@contextmanager
+def serve_fake_imds_proxy() -> Iterator[tuple[str, list[str]]]:
+    """An HTTP proxy on 127.0.0.1 that records what reaches it and answers 502."""
+    seen: list[str] = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def _any(self) -> None:
+            seen.append(f"{self.command} {self.path}")
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_PUT = _any  # noqa: N815
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def imds_server() -> Iterator[str]:
     with serve_fake_imds() as endpoint:
@@ -60,10 +92,73 @@ def test_imds_v2_token_then_metadata(imds_server: str) -> None:
     assert FakeImds.requests[0] == "PUT /latest/api/token"
 
 
-def test_skypilot_region_wins_and_imds_gives_instance_type(imds_server: str) -> None:
+def _dmi(tmp_path: Path, **files: str) -> Path:
+    """A stand-in for /sys/devices/virtual/dmi/id with the given files."""
+    folder = tmp_path / "dmi"
+    folder.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text + "\n")
+    return folder
+
+
+def test_skypilot_region_wins_and_imds_gives_instance_type(
+    imds_server: str, tmp_path: Path
+) -> None:
     env = {"SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "AWS", "region": "us-east-2"})}
-    placement = detect_placement(env, endpoint=imds_server, timeout_s=2.0)
+    ec2 = _dmi(tmp_path, sys_vendor="Amazon EC2", board_vendor="Amazon EC2")
+    placement = detect_placement(
+        env, endpoint=imds_server, timeout_s=2.0, dmi_dir=ec2, hypervisor_uuid=tmp_path / "no"
+    )
     assert placement == Placement(instance_type="p3.8xlarge", region="us-east-2")
+
+
+@pytest.mark.parametrize(
+    ("files", "uuid", "expected"),
+    [
+        ({"board_vendor": "Amazon EC2"}, None, True),  # Nitro instances
+        ({"sys_vendor": "Amazon EC2", "board_vendor": ""}, None, True),
+        ({"sys_vendor": "Xen"}, "ec2e1916-9099-7caf-fd21-012345abcdef", True),  # older Xen
+        ({"sys_vendor": "QEMU", "board_vendor": "Red Hat"}, None, False),
+        ({"sys_vendor": "Amazon EC2 compatible"}, None, False),
+        ({}, "4c4c4544-0042-3510-8052-b3c04f4d3732", False),
+        ({}, None, False),  # containers and laptops without DMI files
+    ],
+)
+def test_ec2_is_detected_from_the_dmi_vendor(
+    files: dict[str, str], uuid: str | None, expected: bool, tmp_path: Path
+) -> None:
+    hypervisor = tmp_path / "hypervisor-uuid"
+    if uuid is not None:
+        hypervisor.write_text(uuid + "\n")
+    assert is_ec2(_dmi(tmp_path, **files), hypervisor) is expected
+
+
+def test_off_ec2_the_profiling_run_sends_nothing(imds_server: str, tmp_path: Path) -> None:
+    laptop = _dmi(tmp_path, sys_vendor="LENOVO", board_vendor="LENOVO")
+    for env in ({}, {"SRIFTY_IMDS": "auto"}):
+        placement = detect_placement(
+            env, endpoint=imds_server, dmi_dir=laptop, hypervisor_uuid=tmp_path / "no"
+        )
+        assert placement == Placement()
+    assert FakeImds.requests == []
+    forced = detect_placement(
+        {"SRIFTY_IMDS": "on"}, endpoint=imds_server, dmi_dir=laptop, timeout_s=2.0
+    )
+    assert forced.instance_type == "p3.8xlarge"
+
+
+def test_metadata_requests_bypass_any_proxy(
+    imds_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with serve_fake_imds_proxy() as (proxy_url, seen):
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        monkeypatch.setenv("http_proxy", proxy_url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        placement = query_imds(imds_server, timeout_s=2.0)
+    assert placement.instance_type == "p3.8xlarge"
+    assert seen == []  # the proxy never saw a metadata request
+    assert "PUT /latest/api/token" in FakeImds.requests
 
 
 def test_imds_off_sends_nothing(imds_server: str) -> None:
@@ -83,10 +178,8 @@ def test_absent_metadata_service_returns_none_quickly() -> None:
 
 
 def test_silent_metadata_service_times_out() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)  # accepts the connection but never answers
+    with silent_endpoint() as endpoint:  # accepts the connection but never answers
         started = time.perf_counter()
-        placement = query_imds(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.2)
+        placement = query_imds(endpoint, timeout_s=0.2)
     assert placement == Placement()
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 2.0  # two tries of 0.2 s, not a hang

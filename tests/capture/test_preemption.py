@@ -8,13 +8,18 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
+from lightning_srifty.capture.imds import ImdsClient
 from lightning_srifty.capture.preemption import (
     PreemptionWatcher,
+    SpotNotice,
     fetch_spot_notice,
     finish_preempted,
 )
 from lightning_srifty.core import launch_protocol as proto
-from tests.fakes import FakeImds, serve_fake_imds
+from lightning_srifty.core.errors import MetadataUnavailableError
+from tests.fakes import FakeImds, serve_fake_imds, silent_endpoint
 
 
 def _wait_for(condition: object, timeout_s: float = 5.0) -> bool:
@@ -45,9 +50,12 @@ def test_sigterm_raises_the_flag_and_close_restores_the_handler() -> None:
         signal.signal(signal.SIGTERM, original)
 
 
+FORCED = {"SRIFTY_IMDS": "on"}  # the test's local service stands in for EC2's
+
+
 def test_spot_notice_from_imds_raises_the_flag() -> None:
     with serve_fake_imds() as endpoint:
-        watcher = PreemptionWatcher({}, endpoint=endpoint, poll_s=0.05)
+        watcher = PreemptionWatcher(FORCED, endpoint=endpoint, poll_s=0.05)
         watcher.start()
         try:
             time.sleep(0.2)
@@ -61,30 +69,87 @@ def test_spot_notice_from_imds_raises_the_flag() -> None:
             watcher.close()
 
 
-def test_no_metadata_service_means_no_polling_and_no_flag() -> None:
+def test_off_ec2_the_watcher_sends_nothing(tmp_path: Path) -> None:
+    laptop = tmp_path / "dmi"
+    laptop.mkdir()
+    (laptop / "sys_vendor").write_text("Dell Inc.\n")
+    with serve_fake_imds() as endpoint:
+        for env in ({}, {"SRIFTY_IMDS": "auto"}, {"SRIFTY_IMDS": "off"}):
+            watcher = PreemptionWatcher(
+                env,
+                endpoint=endpoint,
+                poll_s=0.01,
+                dmi_dir=laptop,
+                hypervisor_uuid=tmp_path / "none",
+            )
+            watcher.start()
+            time.sleep(0.1)
+            watcher.close()
+            assert watcher._thread is None  # noqa: SLF001 - no poller at all
+        assert FakeImds.requests == []
+
+
+def test_a_hung_token_request_is_retried_not_given_up() -> None:
+    with serve_fake_imds() as endpoint:
+        FakeImds.hang_next = 2  # the first two requests are accepted and never answered
+        client = ImdsClient(endpoint, timeout_s=0.3, attempts=3, backoff_s=0.05)
+        watcher = PreemptionWatcher(FORCED, endpoint=endpoint, poll_s=0.05, client=client)
+        watcher.start()
+        try:
+            assert _wait_for(lambda: "GET /latest/meta-data/spot/instance-action"
+                             in FakeImds.requests)  # fmt: skip
+            FakeImds.spot_notice = {"action": "stop", "time": "2026-11-23T01:02:03Z"}
+            assert _wait_for(watcher.should_checkpoint)
+        finally:
+            watcher.close()
+    assert FakeImds.requests[:3] == ["PUT /latest/api/token"] * 3
+    assert FakeImds.answered[:3] == [0, 0, 200]  # two hangs, then a token
+
+
+def test_the_token_is_refreshed_before_its_ttl_runs_out() -> None:
+    with serve_fake_imds() as endpoint:
+        client = ImdsClient(endpoint, timeout_s=1.0, token_ttl_s=1)
+        watcher = PreemptionWatcher(FORCED, endpoint=endpoint, poll_s=0.05, client=client)
+        watcher.start()
+        try:
+            time.sleep(3.0)
+            assert not watcher.should_checkpoint()
+        finally:
+            watcher.close()
+    puts = FakeImds.requests.count("PUT /latest/api/token")
+    gets = FakeImds.requests.count("GET /latest/meta-data/spot/instance-action")
+    assert puts >= 3 and gets > puts  # a new token about every 0.9 s of a 1 s TTL
+    assert 401 not in FakeImds.answered  # never used an expired token
+    assert watcher.failed_polls == 0
+
+
+def test_a_silent_metadata_service_keeps_the_watcher_trying() -> None:
+    with silent_endpoint() as endpoint:
+        client = ImdsClient(endpoint, timeout_s=0.1, attempts=2, backoff_s=0.01)
+        watcher = PreemptionWatcher(FORCED, endpoint=endpoint, poll_s=0.02, client=client)
+        watcher.start()
+        try:
+            assert _wait_for(lambda: watcher.failed_polls >= 2)
+            assert watcher._thread is not None and watcher._thread.is_alive()  # noqa: SLF001
+            assert not watcher.should_checkpoint()
+        finally:
+            watcher.close()
+        assert watcher._thread is not None  # noqa: SLF001
+        watcher._thread.join(timeout=10)  # noqa: SLF001 - close() ends the backoff wait
+        assert not watcher._thread.is_alive()  # noqa: SLF001
+
+
+def test_fetch_spot_notice_reads_the_notice() -> None:
+    with serve_fake_imds() as endpoint:
+        client = ImdsClient(endpoint, timeout_s=1.0)
+        assert fetch_spot_notice(client) is None
+        FakeImds.spot_notice = {"action": "hibernate", "time": "t"}
+        assert fetch_spot_notice(client) == SpotNotice("hibernate", "t")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]
-    notice, token = fetch_spot_notice(f"http://127.0.0.1:{closed}", timeout_s=0.2)
-    assert notice is None and token is None
-    watcher = PreemptionWatcher({}, endpoint=f"http://127.0.0.1:{closed}", poll_s=0.01)
-    watcher.start()
-    try:
-        assert watcher._thread is not None  # noqa: SLF001
-        watcher._thread.join(timeout=5)  # noqa: SLF001 - gives up after the first miss
-        assert not watcher._thread.is_alive()  # noqa: SLF001
-        assert not watcher.should_checkpoint()
-    finally:
-        watcher.close()
-
-
-def test_imds_off_sends_nothing() -> None:
-    with serve_fake_imds() as endpoint:
-        watcher = PreemptionWatcher({"SRIFTY_IMDS": "off"}, endpoint=endpoint, poll_s=0.01)
-        watcher.start()
-        time.sleep(0.1)
-        watcher.close()
-        assert FakeImds.requests == []
+    with pytest.raises(MetadataUnavailableError, match="after 2 tries"):
+        fetch_spot_notice(ImdsClient(f"http://127.0.0.1:{closed}", attempts=2, backoff_s=0.01))
 
 
 def test_finish_preempted_leaves_the_marker(tmp_path: Path) -> None:

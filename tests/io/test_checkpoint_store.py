@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
-from lightning_srifty.core.errors import CheckpointError, CredentialsError
+from lightning_srifty.core.errors import CheckpointError, CredentialsError, StoreUnavailableError
 from lightning_srifty.io.checkpoint_store import (
     CheckpointStore,
     LocalStore,
@@ -212,3 +213,122 @@ def test_failed_upload_never_replaces_a_good_checkpoint(s3_uri: str, tmp_path: P
     found = open_store(s3_uri).fetch_latest(tmp_path / "restore")
     assert found is not None and found[1] == good
     assert found[0].read_bytes() == (tmp_path / "good").read_bytes()
+
+
+# ------------------------------------------------------- outages while resuming (issue 11)
+def _three_checkpoints(uri: str, tmp_path: Path) -> list[str]:
+    """Steps 100, 200, 300 written straight to moto; returns their ids, oldest first."""
+    store = open_store(uri, keep=3)
+    return [
+        store.save(_payload(tmp_path, f"s{step}", seed=step % 251), step=step, reason="p").id
+        for step in (100, 200, 300)
+    ]
+
+
+def test_an_outage_during_resume_is_waited_out_and_gives_the_newest(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    ids = _three_checkpoints(s3_uri, tmp_path)
+    endpoint = os.environ["SRIFTY_S3_ENDPOINT_URL"]
+    with FaultyS3Proxy(endpoint) as proxy:
+        store = S3Store(s3_uri, keep=3, endpoint_url=proxy.url, max_attempts=2)
+        proxy.outage_until = time.monotonic() + 4.0  # every connection reset for 4 s
+        found = store.fetch_latest(tmp_path / "restore")
+        assert proxy.faults >= 2  # the outage really hit the reads
+    assert found is not None
+    assert found[1].id == ids[-1] and found[1].step == 300
+    assert open_store(s3_uri).checkpoint_ids() == ids[::-1]  # nothing deleted
+
+
+def test_a_long_outage_is_a_clear_error_and_nothing_is_pruned_afterwards(
+    s3_uri: str, tmp_path: Path
+) -> None:
+    ids = _three_checkpoints(s3_uri, tmp_path)
+    endpoint = os.environ["SRIFTY_S3_ENDPOINT_URL"]
+    waits: list[float] = []
+    with FaultyS3Proxy(endpoint) as proxy:
+        store = S3Store(s3_uri, keep=3, endpoint_url=proxy.url, max_attempts=2)
+        store.patience_s = 6.0
+        store.sleep = waits.append  # the backoff is recorded, not slept ...
+        store.clock = lambda: sum(waits)  # ... and is all the time that passes
+        proxy.fail_gets_matching = f"/data/{ids[-1]}"  # the newest data keeps failing (500)
+        with pytest.raises(StoreUnavailableError) as error:
+            store.fetch_latest(tmp_path / "restore")
+        message = str(error.value)
+        assert "stayed unreachable" in message and "nothing was deleted" in message
+        assert "\n" not in message
+        assert waits and waits == sorted(waits)  # backed off, growing
+        assert sum(waits) == pytest.approx(store.patience_s, abs=0.5)  # for all its patience
+        # Even a job that went on regardless deletes nothing with this store object.
+        proxy.fail_gets_matching = None
+        store.save(_payload(tmp_path, "after", seed=1), step=5, reason="p")
+    left = open_store(s3_uri).checkpoint_ids()
+    assert set(ids) <= set(left)
+    found = open_store(s3_uri).fetch_latest(tmp_path / "again")
+    assert found is not None and found[1].step == 5  # newest by time, older kept too
+    assert {int(i[-9:]) for i in left} == {5, 100, 200, 300}
+
+
+def test_a_restart_from_scratch_never_prunes_checkpoints_further_ahead(
+    store_uri: str, tmp_path: Path
+) -> None:
+    ids = _three_checkpoints(store_uri, tmp_path)
+    fresh = open_store(store_uri, keep=3)  # a job that (wrongly) started at step 0
+    for step in (5, 10, 15):
+        fresh.save(_payload(tmp_path, f"n{step}", seed=step), step=step, reason="p")
+    left = fresh.checkpoint_ids()
+    assert set(ids) <= set(left), "pruning deleted checkpoints with more progress"
+    assert len(left) == 6
+
+
+def test_missing_newest_data_still_falls_back(store_uri: str, tmp_path: Path) -> None:
+    ids = _three_checkpoints(store_uri, tmp_path)
+    store = open_store(store_uri, keep=3)
+    store._delete(f"data/{ids[-1]}.ckpt")  # noqa: SLF001 - an upload that lost its data
+    found = store.fetch_latest(tmp_path / "restore")
+    assert found is not None and found[1].id == ids[1]
+    assert store.verified_id == ids[1]
+    assert not store.unavailable_seen
+
+
+def test_s3_check_on_a_hung_endpoint_fails_within_15_s(s3_env: dict[str, str]) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel accepts connections; nobody ever answers
+        port = listener.getsockname()[1]
+        store = S3Store("s3://srifty-hung/x", endpoint_url=f"http://127.0.0.1:{port}")
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError) as error:
+            store.check()
+        took = time.monotonic() - started
+    assert took < 15.0, f"the check took {took:.1f} s"
+    message = str(error.value)
+    assert "S3 check failed for s3://srifty-hung/x" in message
+    assert f"127.0.0.1:{port} did not answer" in message and "\n" not in message
+
+
+def test_off_ec2_boto3_never_asks_the_metadata_service_for_credentials(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import boto3
+    from botocore.exceptions import NoCredentialsError
+
+    from tests.fakes import FakeImds, serve_fake_imds
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED", raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with serve_fake_imds() as imds:
+        # botocore's instance-role lookup goes where this says (instead of 169.254.169.254)
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
+        store = S3Store("s3://srifty-any/x", endpoint_url=moto_endpoint)
+        with pytest.raises(CredentialsError, match="no usable AWS credentials"):
+            store.check()
+        assert FakeImds.requests == []  # this machine is no EC2 instance: nothing sent
+        # Control: a plain boto3 client does ask, so the test above could fail.
+        plain = boto3.session.Session().client("s3", endpoint_url=moto_endpoint)
+        with pytest.raises(NoCredentialsError):
+            plain.head_bucket(Bucket="srifty-any")
+        assert "PUT /latest/api/token" in FakeImds.requests

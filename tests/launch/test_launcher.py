@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import textwrap
 from pathlib import Path
@@ -18,7 +19,7 @@ from lightning_srifty.core.planner import PlanRequest
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.launch.launcher import LaunchOptions, run_launch
 from tests.conftest import REPO_ROOT, S3_TEST_ENV
-from tests.fakes import FakeSkySdk, RecordingUI
+from tests.fakes import ClusterScript, FakeSkyApi, RecordingUI, VirtualClock
 
 pytestmark = pytest.mark.slow
 
@@ -115,30 +116,47 @@ def test_refused_confirmation_launches_nothing(tmp_path: Path) -> None:
     assert not list((tmp_path / "run").glob("progress-*.jsonl"))
 
 
+def examples_copy(tmp_path: Path) -> Path:
+    """The examples folder in tmp_path: a SkyPilot workdir the test may write into."""
+    folder = tmp_path / "project"
+    shutil.copytree(EXAMPLES, folder, ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    (folder / ".gitignore").write_text("*.log\n")
+    (folder / "requirements.txt").write_text("scikit-learn\n")
+    return folder
+
+
 def test_sky_backend_launches_real_tasks_through_the_sdk(
     s3_uri: str, tmp_path: Path, sky_offline: object
 ) -> None:
-    from sky.skylet import job_lib
-
     from lightning_srifty.launch.sky_backend import SkyBackend
 
-    fake = FakeSkySdk()
-    fake.job_progression = [job_lib.JobStatus.RUNNING, job_lib.JobStatus.SUCCEEDED]
-    steps = [
-        ProgressEvent("resumed", 1.0, 25, checkpoint="c1"),
-        ProgressEvent("step", 2.0, 60, step_s=0.031),
-        ProgressEvent("step", 3.0, 90, step_s=0.029),
-        ProgressEvent("done", 3.1, 90, step_s=0.030),
-    ]
-    log = "".join(
-        f"(head, rank=0) {proto.PROGRESS_LINE_PREFIX}{e.to_line()}\nnoise\n" for e in steps
+    project = examples_copy(tmp_path)
+    script = project / "train_digits.py"
+    # The fake cloud runs 600 virtual seconds per real one; its job resumes where the
+    # profiling run's checkpoint left it (25 steps here) and trains to the target.
+    fake = FakeSkyApi(
+        clock=VirtualClock(speed=600.0),
+        scripts=[ClusterScript(provision_s=60, setup_s=30, steps_per_s=1.0)],
     )
-    fake.job_log = [log[:50], log[50:]]  # a chunk boundary inside a line
-    backend = SkyBackend(sdk=fake, workdir=str(EXAMPLES), checkpoint_uri=s3_uri)
+    fake.initial_step = 25
+    run_dir = project / "srifty_runs" / "r1"
+    backend = SkyBackend(
+        sdk=fake,
+        workdir=str(project),
+        checkpoint_uri=s3_uri,
+        run_dir=run_dir,
+        user_setup="echo extra-setup",
+    )
     options = _options(
-        tmp_path, TRAIN_DIGITS, backend="sky", checkpoint_uri=s3_uri, script_args=("--seed", "3")
+        tmp_path,
+        script,
+        backend="sky",
+        checkpoint_uri=s3_uri,
+        script_args=("--seed", "3"),
+        run_dir=run_dir,
     )
-    outcome = run_launch(options, RecordingUI(), backend=backend)
+    ui = RecordingUI()
+    outcome = run_launch(options, ui, backend=backend)
     assert outcome.run is not None
     (name, task, _), *_ = fake.launched
     envs = task.envs
@@ -147,7 +165,10 @@ def test_sky_backend_launches_real_tasks_through_the_sdk(
     assert envs[proto.ENV_TARGET_STEPS] == "90"
     assert proto.ENV_PROGRESS_PATH not in envs  # a path on this machine means nothing there
     assert envs[proto.ENV_PROGRESS_STDOUT] == "1"
-    assert outcome.run.attempts[0].events == tuple(steps)  # followed from the job's log
+    events = outcome.run.attempts[0].events  # followed from the job's log
+    assert (events[0].event, events[0].step) == ("resumed", 25)
+    assert (events[-1].event, events[-1].step) == ("done", 90)
+    assert outcome.run.steps_done == 90
     assert "train_digits.py --seed 3" in task.run
     assert not any(secret in json.dumps(envs) for secret in S3_TEST_ENV.values())
     best = outcome.plan_result.best
@@ -156,13 +177,25 @@ def test_sky_backend_launches_real_tasks_through_the_sdk(
         (group.offer.instance_type, best.use_spot)
     }
     assert task.num_nodes == group.nodes
-    assert fake.downed == [name]  # billing stops once the job is done
+    assert fake.downs == [name]  # billing stops once the job is done
+    assert name.startswith("srifty-1-") and name.endswith(backend.run_id)
+    # This exact package, the user's requirements and --setup, in that order.
+    ((remote, local),) = task.file_mounts.items()
+    assert remote.startswith("~/.srifty/wheels/lightning_srifty-") and Path(local).is_file()
+    setup_lines = (task.setup or "").splitlines()
+    assert Path(remote).name in setup_lines[1] and setup_lines[1].startswith("pip install")
+    assert setup_lines[2:] == ["pip install -r requirements.txt", "echo extra-setup"]
+    ignore = (project / ".skyignore").read_text().splitlines()
+    assert {"srifty_runs/", ".venv/", ".git/", "*.log"} <= set(ignore)
+    assert any(".skyignore" in message for message in ui.messages)
+    ledger = json.loads((run_dir / "clusters.json").read_text())
+    assert [(e["name"], e["state"]) for e in ledger["entries"]] == [(name, "down")]
 
 
 def test_sky_without_aws_is_refused_before_profiling(s3_uri: str, tmp_path: Path) -> None:
     from lightning_srifty.launch.sky_backend import SkyBackend
 
-    backend = SkyBackend(sdk=FakeSkySdk(enabled=()), checkpoint_uri=s3_uri)
+    backend = SkyBackend(sdk=FakeSkyApi(enabled=()), checkpoint_uri=s3_uri)
     options = _options(tmp_path, TRAIN_DIGITS, backend="sky", checkpoint_uri=s3_uri)
     with pytest.raises(CredentialsError, match="AWS is not enabled"):
         run_launch(options, RecordingUI(), backend=backend)
@@ -174,13 +207,14 @@ def test_sky_needs_an_s3_checkpoint_uri(tmp_path: Path) -> None:
         run_launch(_options(tmp_path, TRAIN_DIGITS, backend="sky"), RecordingUI())
 
 
+@pytest.mark.parametrize("backend", ["sky", "sky-jobs"])
 def test_dry_run_writes_yaml_that_skypilot_loads(
-    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+    backend: str, tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import sky
 
     code = launch_cmd.main(
-        [str(TRAIN_DIGITS), "--target-steps", "200", "--backend", "sky", "--dry-run",
+        [str(TRAIN_DIGITS), "--target-steps", "200", "--backend", backend, "--dry-run",
          "--catalog", "bundled", "--run-dir", str(tmp_path / "run"), "--hidden", "32"]
     )  # fmt: skip
     out = capsys.readouterr().out
@@ -189,11 +223,21 @@ def test_dry_run_writes_yaml_that_skypilot_loads(
     task = sky.Task.from_yaml(str(yaml_path))
     assert task.envs[proto.ENV_TARGET_STEPS] == "200"
     assert "train_digits.py --hidden 32" in task.run
+    ((remote, local),) = task.file_mounts.items()  # the wheel of this package
+    assert remote.startswith("~/.srifty/wheels/") and Path(local).is_file()
     report = json.loads((tmp_path / "run" / "sky" / "dry-run.json").read_text())
     entry = report["entries"][0]
     assert entry["sky_hourly_usd"] == pytest.approx(entry["our_hourly_usd"], rel=0.01)
     assert "SkyPilot's optimizer" in out
     assert not (tmp_path / "run" / "progress-1.jsonl").exists()  # nothing was launched
+    assert not (EXAMPLES / ".skyignore").exists()  # a dry run touches nothing of the user's
+    if backend == "sky-jobs":
+        assert isinstance(task.resources, list) and len(task.resources) >= 2
+        shapes = {(r.instance_type, r.use_spot) for r in task.resources}
+        assert len(shapes) == len(task.resources)  # ordered candidates, no repeats
+        recovery = task.resources[0].job_recovery
+        assert recovery["recover_on_exit_codes"] == [proto.PREEMPTED_EXIT_CODE]
+        assert recovery["max_restarts_on_errors"] == 0
 
 
 # ------------------------------------------------------------------ one-line errors

@@ -22,6 +22,7 @@ import pytest
 from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.errors import (
+    CapacityError,
     ConfigError,
     CredentialsError,
     LaunchError,
@@ -29,6 +30,7 @@ from lightning_srifty.core.errors import (
     SchemaError,
 )
 from lightning_srifty.core.launch_protocol import ENV_CHECKPOINT_URI
+from lightning_srifty.io.cluster_ledger import ClusterLedger
 from lightning_srifty.launch import sky_runtime
 from lightning_srifty.launch.backend import JobState, LaunchSpec
 from lightning_srifty.launch.sky_backend import (
@@ -47,7 +49,7 @@ from lightning_srifty.launch.sky_backend import (
     plan_to_resources,
     task_to_yaml,
 )
-from tests.fakes import FakeSkySdk
+from tests.fakes import ClusterScript, FakeSkyApi
 
 # Published figures for the physics-based step-time model used in the ranking test.
 # FP32 peak TFLOP/s: NVIDIA T4, A10G (AWS G5 page), V100 SXM2, L4 datasheets.
@@ -546,25 +548,25 @@ def test_status_mapping_table(sky: Any) -> None:
     from sky.utils.status_lib import ClusterStatus
 
     table = [
-        # cluster, job, spot -> state
-        (ClusterStatus.INIT, None, False, JobState.PENDING),
-        (ClusterStatus.UP, None, False, JobState.PENDING),
-        (ClusterStatus.UP, JobStatus.PENDING, True, JobState.PENDING),
-        (ClusterStatus.UP, JobStatus.SETTING_UP, False, JobState.PENDING),
-        (ClusterStatus.UP, JobStatus.RUNNING, True, JobState.RUNNING),
-        (ClusterStatus.UP, JobStatus.SUCCEEDED, False, JobState.SUCCEEDED),
-        (ClusterStatus.UP, JobStatus.FAILED, False, JobState.FAILED),
-        (ClusterStatus.UP, JobStatus.FAILED_SETUP, True, JobState.FAILED),
-        (ClusterStatus.UP, JobStatus.FAILED_DRIVER, False, JobState.FAILED),
-        (ClusterStatus.UP, JobStatus.CANCELLED, False, JobState.FAILED),
-        (ClusterStatus.AUTOSTOPPING, JobStatus.SUCCEEDED, False, JobState.SUCCEEDED),
-        (ClusterStatus.STOPPED, None, True, JobState.PREEMPTED),
-        (ClusterStatus.STOPPED, None, False, JobState.FAILED),
-        (None, None, True, JobState.PREEMPTED),
-        (None, None, False, JobState.FAILED),
+        # cluster, job -> first reading (the backend looks further at RUNNING/FAILED)
+        (ClusterStatus.INIT, None, JobState.RUNNING),  # launched, now INIT: nodes lost?
+        (ClusterStatus.UP, None, JobState.PENDING),
+        (ClusterStatus.UP, JobStatus.PENDING, JobState.PENDING),
+        (ClusterStatus.UP, JobStatus.SETTING_UP, JobState.PENDING),
+        (ClusterStatus.UP, JobStatus.RUNNING, JobState.RUNNING),
+        (ClusterStatus.UP, JobStatus.SUCCEEDED, JobState.SUCCEEDED),
+        (ClusterStatus.UP, JobStatus.FAILED, JobState.FAILED),
+        (ClusterStatus.UP, JobStatus.FAILED_SETUP, JobState.FAILED),
+        (ClusterStatus.UP, JobStatus.FAILED_DRIVER, JobState.FAILED),
+        (ClusterStatus.UP, JobStatus.CANCELLED, JobState.FAILED),
+        (ClusterStatus.AUTOSTOPPING, JobStatus.SUCCEEDED, JobState.SUCCEEDED),
+        (ClusterStatus.STOPPED, None, JobState.PREEMPTED),  # spot or on-demand alike
+        (None, None, JobState.PREEMPTED),
+        (None, JobStatus.SUCCEEDED, JobState.SUCCEEDED),
     ]
-    for cluster, job, spot, expected in table:
-        assert map_status(cluster, job, use_spot=spot) is expected, (cluster, job, spot)
+    for cluster, job, expected in table:
+        for spot in (True, False):
+            assert map_status(cluster, job, use_spot=spot) is expected, (cluster, job, spot)
     assert combine_states([JobState.RUNNING, JobState.PENDING]) is JobState.PENDING
     assert combine_states([JobState.SUCCEEDED, JobState.PREEMPTED]) is JobState.PREEMPTED
     assert combine_states([JobState.SUCCEEDED, JobState.SUCCEEDED]) is JobState.SUCCEEDED
@@ -580,21 +582,32 @@ def spec(plan: Plan, name: str = "run") -> LaunchSpec:
         script="train.py",
         script_args=("--steps", "$(whoami)"),
         plan=plan,
-        envs={"SRIFTY_MODE": "train"},
+        envs={"SRIFTY_MODE": "train", "SRIFTY_TARGET_STEPS": "1000"},
         name=name,
     )
 
 
-def test_launch_status_stop_records_the_real_task(sky: Any) -> None:
-    from sky.skylet.job_lib import JobStatus
+def backend_on(fake: FakeSkyApi, **options: Any) -> SkyBackend:
+    """A SkyBackend whose SDK is the fake and whose time is the fake's."""
+    values: dict[str, Any] = {"setup": "true", "ship_package": False, "run_id": "t3st01"}
+    values.update(options)
+    return SkyBackend(
+        sdk=fake,
+        clock=fake.clock.monotonic,
+        sleep=fake.clock.sleep,
+        log_sleep=fake.clock.wait,
+        **values,
+    )
 
-    fake = FakeSkySdk()
-    backend = SkyBackend(sdk=fake, checkpoint_uri="s3://b/ckpt")
+
+def test_launch_status_stop_records_the_real_task(sky: Any, tmp_path: Path) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript(preempt_after_s=600, notice=False)])
+    backend = backend_on(fake, checkpoint_uri="s3://b/ckpt", run_dir=tmp_path)
     handle = backend.launch(spec(homogeneous("g5.12xlarge", "use1-az1", 2, use_spot=True)))
 
     ((cluster_name, task, kwargs),) = fake.launched
     assert isinstance(task, sky.Task)
-    assert cluster_name == "run-1" and kwargs["down"] is False
+    assert cluster_name == "run-t3st01" and kwargs["down"] is False
     (res,) = task.resources
     assert (res.instance_type, res.use_spot, res.region, res.zone) == (
         "g5.12xlarge",
@@ -603,64 +616,79 @@ def test_launch_status_stop_records_the_real_task(sky: Any) -> None:
         None,  # real launches pin the region only: zone IDs are account-specific
     )
     assert task.num_nodes == 2
-    assert "lightning-srifty==" in (task.setup or "")
     assert task.envs[ENV_CHECKPOINT_URI] == "s3://b/ckpt"
     assert "'$(whoami)'" in task.run
+    ledger = ClusterLedger(tmp_path).entries()
+    assert [(e.name, e.state) for e in ledger] == [("run-t3st01", "up")]
 
-    assert backend.status(handle) is JobState.PENDING
-    fake.jobs[cluster_name] = JobStatus.RUNNING
+    assert backend.status(handle) is JobState.PENDING  # setting up
+    fake.clock.sleep(120)
     assert backend.status(handle) is JobState.RUNNING
-    fake.reclaim(cluster_name)
+    fake.clock.sleep(600)  # AWS took the nodes back without a notice: the record is gone
     assert backend.status(handle) is JobState.PREEMPTED
     backend.stop(handle)  # already gone: nothing to tear down, no error
-    assert fake.downed == []
+    assert fake.downs == []
+    assert ClusterLedger(tmp_path).entries()[0].state == "down"
 
 
 def test_heterogeneous_launch_joins_groups_at_the_first_head(sky: Any) -> None:
-    from sky.skylet.job_lib import JobStatus
-
-    fake = FakeSkySdk()
-    backend = SkyBackend(sdk=fake)
+    fake = FakeSkyApi(scripts=[ClusterScript(), ClusterScript(setup_s=300)])
+    backend = backend_on(fake)
     handle = backend.launch(spec(mixed_plan()))
     names = [name for name, _, _ in fake.launched]
-    assert names == ["run-1-g0", "run-1-g1"]
+    assert names == ["run-t3st01-g0", "run-t3st01-g1"]
     first, second = (task for _, task, _ in fake.launched)
     assert isinstance(first, sky.Task) and isinstance(second, sky.Task)
     assert ENV_MASTER_ADDR not in first.envs
     assert second.envs[ENV_MASTER_ADDR] == handle.clusters[0].head_ip == "10.0.1.1"
     assert second.envs[ENV_NODE_RANK_OFFSET] == "2"
 
-    fake.jobs["run-1-g0"] = JobStatus.RUNNING
-    assert backend.status(handle) is JobState.PENDING  # second group not running yet
-    fake.jobs["run-1-g1"] = JobStatus.RUNNING
+    fake.clock.sleep(100)
+    assert backend.status(handle) is JobState.PENDING  # second group still setting up
+    fake.clock.sleep(300)
     assert backend.status(handle) is JobState.RUNNING
     backend.stop(handle)
-    assert fake.downed == ["run-1-g1", "run-1-g0"]
+    assert fake.downs == ["run-t3st01-g1", "run-t3st01-g0"]
     backend.stop(handle)  # safe twice
-    assert fake.downed == ["run-1-g1", "run-1-g0"]
+    assert fake.downs == ["run-t3st01-g1", "run-t3st01-g0"]
 
 
-def test_failed_group_launch_tears_down_the_rest(sky: Any) -> None:
-    fake = FakeSkySdk(fail_launch_of=("run-1-g1",))
-    backend = SkyBackend(sdk=fake)
-    with pytest.raises(LaunchError, match="resources unavailable"):
+def test_no_capacity_for_a_group_tears_down_the_rest(sky: Any) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript(), ClusterScript(no_capacity=True)])
+    backend = backend_on(fake)
+    with pytest.raises(CapacityError, match="resources unavailable"):
         backend.launch(spec(mixed_plan()))
-    assert fake.downed == ["run-1-g0"]
+    assert fake.downs == ["run-t3st01-g0"]
+    assert fake.left_up() == []
+
+
+def test_cluster_names_are_unique_per_run(sky: Any) -> None:
+    fake = FakeSkyApi()
+    plan = homogeneous("g5.12xlarge", "use1-az1", 1, use_spot=False)
+    first, second = SkyBackend(sdk=fake, setup="true"), SkyBackend(sdk=fake, setup="true")
+    assert first.run_id != second.run_id
+    first.launch(spec(plan, name="srifty-1"))
+    second.launch(spec(plan, name="srifty-1"))  # the fake refuses a reused name
+    names = [name for name, _, _ in fake.launched]
+    assert len(set(names)) == 2 and all(n.startswith("srifty-1-") for n in names)
 
 
 def test_missing_credentials_are_one_line_errors(sky: Any) -> None:
     plan = homogeneous("g5.12xlarge", "use1-az1", 1, use_spot=False)
     with pytest.raises(CredentialsError) as not_enabled:
-        SkyBackend(sdk=FakeSkySdk(enabled=("Kubernetes",))).launch(spec(plan))
+        backend_on(FakeSkyApi(enabled=("Kubernetes",))).launch(spec(plan))
     assert "sky check aws" in str(not_enabled.value)
     assert "\n" not in str(not_enabled.value)
 
-    rejected = FakeSkySdk(
-        fail_launch_of=("run-1",),
-        launch_error=sky.exceptions.CloudUserIdentityError("AWS credentials are not set."),
+    rejected = FakeSkyApi(
+        scripts=[
+            ClusterScript(
+                error=sky.exceptions.CloudUserIdentityError("AWS credentials are not set.")
+            )
+        ]
     )
     with pytest.raises(CredentialsError, match="credentials"):
-        SkyBackend(sdk=rejected).launch(spec(plan))
+        backend_on(rejected).launch(spec(plan))
 
 
 def test_real_sdk_without_api_server_is_a_launch_error(sky: Any) -> None:

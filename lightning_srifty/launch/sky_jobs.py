@@ -1,0 +1,331 @@
+"""SkyPilot managed jobs (``--backend sky-jobs``): recovery that outlives this machine.
+
+With ``--backend sky`` this machine's controller watches the clusters and migrates the
+job itself, so the laptop must stay on. A managed job hands that to SkyPilot's jobs
+controller (a small VM it runs for you): the job is one task whose ``ordered``
+resources are the planner's best plans of one shape, and on a preemption SkyPilot
+relaunches it on the next available one (``job_recovery``) while the job resumes from
+the checkpoint store. ``srifty-launch`` submits it, follows ``sky.jobs.queue_v2`` and the
+job's log for the live view and the summary, and may be closed at any time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lightning_srifty.core.cluster import Plan
+from lightning_srifty.core.errors import ConfigError, LaunchError
+from lightning_srifty.launch.backend import JobState, LaunchSpec
+from lightning_srifty.launch.sky_backend import (
+    ENV_GROUP_INDEX,
+    ENV_TOTAL_NODES,
+    SkyClient,
+    SkyJobsSdk,
+    _LostRequest,
+    build_task,
+    group_resources,
+    real_jobs_sdk,
+)
+
+if TYPE_CHECKING:
+    import sky
+
+    from lightning_srifty.launch.controller import LogProgress
+
+MANAGED_RECOVERY = "EAGER_NEXT_REGION"
+"""SkyPilot's default strategy: after a preemption try another region at once."""
+ORDERED_CANDIDATES = 5
+"""How many of the planner's same-shape plans become ``ordered`` resources."""
+
+# sky.jobs.state.ManagedJobStatus values -> our coarse states.
+_MANAGED_STATES = {
+    "PENDING": JobState.PENDING,
+    "SUBMITTED": JobState.PENDING,
+    "STARTING": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "RECOVERING": JobState.RUNNING,
+    "WINDING_DOWN": JobState.RUNNING,
+    "CANCELLING": JobState.RUNNING,
+    "SUCCEEDED": JobState.SUCCEEDED,
+    "CANCELLED": JobState.FAILED,
+    "FAILED": JobState.FAILED,
+    "FAILED_SETUP": JobState.FAILED,
+    "FAILED_PRECHECKS": JobState.FAILED,
+    "FAILED_NO_RESOURCE": JobState.FAILED,
+    "FAILED_CONTROLLER": JobState.FAILED,
+}
+
+
+def same_shape(plans: Sequence[Plan], limit: int = ORDERED_CANDIDATES) -> list[Plan]:
+    """The first plan and the next ones of the same shape, best first.
+
+    Same shape means one instance group with the same node count and processes per
+    node, so any of them runs the same job (world size, batch split). Duplicates that
+    launch identically once the zone is left to SkyPilot (type, region, market) are
+    dropped.
+    """
+    if not plans:
+        raise ConfigError("no plan to launch")
+    first = plans[0]
+    if len(first.cluster.groups) != 1:
+        raise ConfigError(
+            f"managed jobs run one instance type; plan {first.cluster.describe()} mixes "
+            "several (plan without mixes for --backend sky-jobs)"
+        )
+    shape = (first.cluster.groups[0].nodes, first.cluster.groups[0].gpus_per_node)
+    chosen: list[Plan] = []
+    seen: set[tuple[str, str, bool]] = set()
+    for plan in plans:
+        if len(plan.cluster.groups) != 1:
+            continue
+        group = plan.cluster.groups[0]
+        key = (group.offer.instance_type, group.offer.region, plan.use_spot)
+        if (group.nodes, group.gpus_per_node) != shape or key in seen:
+            continue
+        seen.add(key)
+        chosen.append(plan)
+        if len(chosen) >= limit:
+            break
+    return chosen
+
+
+def managed_task(
+    plans: Sequence[Plan],
+    *,
+    script: str,
+    script_args: Sequence[str] = (),
+    name: str = "srifty",
+    recovery: str = MANAGED_RECOVERY,
+    **task_options: Any,
+) -> sky.Task:
+    """One task whose ``ordered`` resources are ``plans`` (same shape), best first.
+
+    ``job_recovery`` is the same on every candidate, as SkyPilot requires
+    (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``): the named strategy, no
+    restarts on user errors, and ``recover_on_exit_codes: [75]`` so a job that saved an
+    emergency checkpoint on its notice and exited while the cluster was still UP is
+    recovered, not failed (``sky/jobs/controller.py``: a FAILED job on an UP cluster
+    is a user failure unless its exit code is listed).
+
+    Raises:
+        ConfigError: the plans differ in shape or are heterogeneous.
+    """
+    from lightning_srifty.core.launch_protocol import PREEMPTED_EXIT_CODE
+
+    if not plans:
+        raise ConfigError("no plan to launch")
+    shapes = {
+        (len(p.cluster.groups), p.cluster.groups[0].nodes, p.cluster.groups[0].gpus_per_node)
+        for p in plans
+    }
+    if len(shapes) != 1 or next(iter(shapes))[0] != 1:
+        raise ConfigError("ordered resources of a managed job must share one shape")
+    first = plans[0]
+    task = build_task(
+        first.cluster.groups[0],
+        use_spot=first.use_spot,
+        script=script,
+        script_args=script_args,
+        name=name,
+        rendezvous={ENV_GROUP_INDEX: "0", ENV_TOTAL_NODES: str(first.cluster.nodes)},
+        **task_options,
+    )
+    job_recovery = {
+        "strategy": recovery,
+        "max_restarts_on_errors": 0,
+        "recover_on_exit_codes": [PREEMPTED_EXIT_CODE],
+    }
+    pin_zone = bool(task_options.get("pin_zone", False))
+    resources = [
+        group_resources(p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone).copy(
+            job_recovery=dict(job_recovery)
+        )
+        for p in plans
+    ]
+    task.set_resources(resources)  # a list: SkyPilot tries them in this order
+    return task
+
+
+@dataclass(frozen=True)
+class ManagedJob:
+    """Handle of a SkyPilot managed job."""
+
+    name: str
+    job_id: int
+    use_spot: bool
+
+
+class SkyJobsBackend(SkyClient):
+    """Runs the whole job as one SkyPilot managed job (``sky.jobs.launch``).
+
+    SkyPilot's jobs controller, not this machine, recovers it from preemptions: it
+    relaunches on the next of the ``ordered`` resources (the planner's best plans of
+    the same shape) and the job resumes from the checkpoint store. ``srifty-launch``
+    only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary;
+    closing the laptop does not stop it. Ctrl-C cancels the job unless
+    ``keep_clusters``.
+
+    Args:
+        candidates: The planner's ranked plans; :func:`same_shape` picks from them.
+        jobs_sdk: The managed-jobs SDK surface (the real one by default).
+        recovery: ``job_recovery`` strategy name.
+        **options: As :class:`~lightning_srifty.launch.sky_backend.SkyClient`.
+    """
+
+    name = "skypilot-jobs"
+
+    def __init__(
+        self,
+        *,
+        candidates: Sequence[Plan] = (),
+        jobs_sdk: SkyJobsSdk | None = None,
+        recovery: str = MANAGED_RECOVERY,
+        **options: Any,
+    ):
+        super().__init__(**options)
+        self.candidates = tuple(candidates)
+        self.recovery = recovery
+        self._jobs_sdk = jobs_sdk
+        self._records: dict[int, Any] = {}
+
+    @property
+    def jobs_sdk(self) -> SkyJobsSdk:
+        if self._jobs_sdk is None:
+            self._jobs_sdk = real_jobs_sdk()
+        return self._jobs_sdk
+
+    def ordered_plans(self, first: Plan) -> list[Plan]:
+        """``first`` and the candidates of its shape, best first."""
+        rest = [p for p in self.candidates if p != first]
+        return same_shape([first, *rest])
+
+    def launch(self, spec: LaunchSpec) -> ManagedJob:
+        self.check_credentials(retry=self._launches > 0)
+        self._launches += 1
+        options = self.task_options()
+        options["envs"] = spec.envs
+        name = f"{spec.name}-{self.run_id}"
+        task = managed_task(
+            self.ordered_plans(spec.plan),
+            script=spec.script,
+            script_args=spec.script_args,
+            name=name,
+            recovery=self.recovery,
+            **options,
+        )
+        if self.ledger is not None:
+            self.ledger.mark(name, "launching", kind="managed-job")
+        try:
+            request = self._call(
+                lambda: self.jobs_sdk.launch(task, name=name), f"submit {name}", resend=False
+            )
+        except _LostRequest as lost:
+            raise LaunchError(
+                f"submitting managed job {name} failed in transit ({lost}); check "
+                f"`sky jobs queue` for a job named {name} before launching again"
+            ) from None
+        job_ids, _ = self._call(lambda: self.sdk.stream_and_get(request), f"submit {name}")
+        if not job_ids:
+            raise LaunchError(f"SkyPilot returned no managed job id for {name}")
+        job_id = int(job_ids[0])
+        if self.ledger is not None:
+            self.ledger.mark(name, "up", kind="managed-job", job_id=job_id)
+        return ManagedJob(name, job_id, spec.plan.use_spot)
+
+    def _record(self, job: ManagedJob) -> Any:
+        result = self._call(
+            lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False, job_ids=[job.job_id])),
+            f"status of managed job {job.job_id}",
+        )
+        records = result[0] if isinstance(result, tuple) else result
+        record = next((r for r in records or [] if int(r["job_id"]) == job.job_id), None)
+        if record is None:
+            raise LaunchError(f"managed job {job.job_id} ({job.name}) is not in the queue")
+        self._records[job.job_id] = record
+        return record
+
+    def status(self, handle: object) -> JobState:
+        job = _as_managed(handle)
+        record = self._record(job)
+        raw = record["status"]
+        status = str(getattr(raw, "value", raw))
+        if status not in _MANAGED_STATES:
+            raise LaunchError(f"unknown managed job status {status!r}")
+        state = _MANAGED_STATES[status]
+        if state is JobState.FAILED:
+            reason = record.get("failure_reason")
+            detail = str(reason).strip().splitlines()[0] if reason else ""
+            self._why[job.name] = f"managed job {job.job_id} ended {status}" + (
+                f": {detail}" if detail else ""
+            )
+        if state.is_terminal and self.ledger is not None:
+            self.ledger.mark(job.name, "down", kind="managed-job", job_id=job.job_id)
+        return state
+
+    def recoveries(self, handle: object) -> int:
+        """How often SkyPilot recovered the job (preemptions it survived)."""
+        record = self._records.get(_as_managed(handle).job_id)
+        return int((record["recovery_count"] if record is not None else 0) or 0)
+
+    def follow_progress(self, handle: object) -> LogProgress:
+        from lightning_srifty.launch.controller import LogProgress
+
+        job = _as_managed(handle)
+
+        def stream() -> Any:
+            return self.jobs_sdk.tail_logs(job_id=job.job_id, follow=True, preload_content=False)
+
+        progress = LogProgress(
+            stream, f"the log of managed job {job.job_id}", sleep=self._log_sleep
+        )
+        self._progress[job.name] = progress
+        return progress
+
+    def failure_detail(self, handle: object) -> str:
+        return self._why.get(_as_managed(handle).name, "")
+
+    def stop(self, handle: object) -> None:
+        """Cancels the job unless it already ended; its clusters go with it."""
+        job = _as_managed(handle)
+        progress = self._progress.pop(job.name, None)
+        if progress is not None:
+            progress.stop()
+        record = self._records.get(job.job_id)
+        raw = None if record is None else record["status"]
+        status = None if raw is None else str(getattr(raw, "value", raw))
+        if status is not None and _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
+            return
+        self._call(
+            lambda: self.sdk.get(self.jobs_sdk.cancel(job_ids=[job.job_id])),
+            f"cancel managed job {job.job_id}",
+        )
+        if self.ledger is not None:
+            self.ledger.mark(job.name, "down", kind="managed-job", job_id=job.job_id)
+
+    def down_recorded(self) -> list[str]:
+        names = super().down_recorded()
+        if self.ledger is None:
+            return names
+        for entry in self.ledger.not_down():
+            if entry.kind != "managed-job":
+                continue
+            # Submitted but interrupted before its id came back: cancel it by its name
+            # (unique to this run), which SkyPilot's cancel accepts as well.
+            by: dict[str, Any] = (
+                {"job_ids": [entry.job_id]} if entry.job_id is not None else {"name": entry.name}
+            )
+            self._call(
+                lambda kw=by: self.sdk.get(self.jobs_sdk.cancel(**kw)),  # type: ignore[misc]
+                f"cancel managed job {entry.name}",
+            )
+            self.ledger.mark(entry.name, "down", kind="managed-job", job_id=entry.job_id)
+            names.append(entry.name)
+        return names
+
+
+def _as_managed(handle: object) -> ManagedJob:
+    if not isinstance(handle, ManagedJob):
+        raise LaunchError(f"not a managed job handle: {handle!r}")
+    return handle

@@ -1,0 +1,537 @@
+"""The real controller on SkyPilot, through the fake API server's failure scenarios.
+
+Each row scripts what the cloud and the API server do (tests/fakes.py: ClusterScript,
+outages, dropped log streams), runs :class:`Controller` with a real
+:class:`SkyBackend`, the real spot policy and real ``sky.Task`` objects, on virtual
+time, and checks the outcome: the run completes or ends with one clear line, and every
+cluster it started is down afterwards (the fake records each ``down``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightning_srifty.core.cluster import Plan
+from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.core.monitor import Expectation
+from lightning_srifty.core.spot import make_policy
+from lightning_srifty.io.cluster_ledger import ClusterLedger
+from lightning_srifty.launch.backend import LaunchSpec
+from lightning_srifty.launch.controller import Controller, RunSummary
+from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
+from lightning_srifty.launch.sky_backend import ApiPatience, SkyBackend, SkyClient
+from lightning_srifty.launch.sky_jobs import SkyJobsBackend
+from tests.fakes import SAVE_S, ClusterScript, FakeSkyApi
+from tests.launch.test_sky_backend import homogeneous
+
+TARGET = 2000
+"""Steps; at the fake's 2 steps a virtual second, about 17 virtual minutes of training."""
+HOME = homogeneous("g5.12xlarge", "use1-az1", 2, use_spot=True)
+OTHER = homogeneous("g4dn.12xlarge", "use1-az2", 2, use_spot=True)
+ON_DEMAND = homogeneous("g5.12xlarge", "use1-az1", 2, use_spot=False)
+
+
+@dataclass
+class Outcome:
+    summary: RunSummary | None
+    error: str
+    fake: FakeSkyApi
+    backend: SkyClient
+    controller: Controller
+    decider: PolicyDecider
+    ledger: list[tuple[str, str]] = field(default_factory=list)
+
+
+def run(
+    tmp_path: Path,
+    scripts: list[ClusterScript],
+    *,
+    first: Plan = HOME,
+    prepare: Callable[[FakeSkyApi], None] | None = None,
+    api: ApiPatience | None = None,
+    policy_every_s: float | None = None,
+    managed: bool = False,
+    interrupt_after_polls: int | None = None,
+    keep: bool = False,
+) -> Outcome:
+    fake = FakeSkyApi(scripts=scripts)
+    if prepare is not None:
+        prepare(fake)
+    backend = make_backend(fake, tmp_path, api=api, managed=managed, keep=keep)
+    if isinstance(backend, SkyJobsBackend):
+        backend.candidates = (first, OTHER, ON_DEMAND)
+    decider = PolicyDecider(
+        policy=make_policy("srifty"),
+        candidates=lambda remaining, elapsed: Candidates((HOME, OTHER), ON_DEMAND),
+        home=plan_key(first),
+        target_steps=TARGET,
+        deadline_h=None,
+        changeover_h=0.05,
+        wait_h=60.0 / 3600.0,
+    )
+    controller = Controller(
+        backend=backend,
+        script="train.py",
+        script_args=("--seed", "3"),
+        run_dir=tmp_path,
+        checkpoint_uri="s3://srifty-bucket/run",
+        target_steps=TARGET,
+        next_planner=decider,
+        expectation_for=lambda p: Expectation(p.step_s, p.step_s, p.step_s, p.hourly_usd, TARGET),
+        progress_is_local=False,
+        poll_s=10.0,
+        wait_s=60.0,
+        clock=fake.clock.monotonic,
+        sleep=fake.clock.sleep,
+        wall=fake.clock.time,
+        policy_every_s=policy_every_s,
+        keep_on_interrupt=keep,
+    )
+    if interrupt_after_polls is not None:
+        polls = [0]
+
+        def press_ctrl_c(plan: Plan, snap: object) -> None:
+            polls[0] += 1
+            if polls[0] >= interrupt_after_polls:
+                raise KeyboardInterrupt
+
+        controller.on_update = press_ctrl_c
+    summary, error = None, ""
+    try:
+        summary = controller.run(first)
+    except LaunchError as exc:
+        error = str(exc)
+    except KeyboardInterrupt:
+        error = "KeyboardInterrupt"
+    ledger = [(e.name, e.state) for e in ClusterLedger(tmp_path).entries()]
+    return Outcome(summary, error, fake, backend, controller, decider, ledger)
+
+
+def make_backend(
+    fake: FakeSkyApi,
+    run_dir: Path,
+    *,
+    api: ApiPatience | None = None,
+    managed: bool = False,
+    keep: bool = False,
+) -> SkyClient:
+    settings: dict[str, Any] = {
+        "sdk": fake,
+        "setup": "true",
+        "ship_package": False,
+        "run_dir": run_dir,
+        "checkpoint_uri": "s3://srifty-bucket/run",
+        "api": api,
+        "keep_clusters": keep,
+        "clock": fake.clock.monotonic,
+        "sleep": fake.clock.sleep,
+        # The log follower's reconnect waits are real and short: the virtual clock runs
+        # only as fast as the controller polls, so a follower that waited on it would
+        # fall behind a job that, in virtual time, finishes in milliseconds.
+        "log_sleep": lambda seconds: time.sleep(0.001),
+    }
+    if managed:
+        return SkyJobsBackend(jobs_sdk=fake.jobs, **settings)
+    return SkyBackend(**settings)
+
+
+def _launched(outcome: Outcome) -> list[str]:
+    return [name for name, _, _ in outcome.fake.launched]
+
+
+def _assert_all_down(outcome: Outcome) -> None:
+    """Nothing the run started may still exist, and the ledger agrees."""
+    assert outcome.fake.left_up() == []
+    assert all(state == "down" for _, state in outcome.ledger), outcome.ledger
+    assert {name for name, _ in outcome.ledger} == set(_launched(outcome))
+    for name in outcome.fake.clusters:
+        cluster = outcome.fake.clusters[name]
+        taken_back = cluster.reclaim_at is not None and cluster.script.reclaim == "terminate"
+        assert name in outcome.fake.downs or taken_back, f"{name} was never taken down"
+
+
+def _completed(outcome: Outcome) -> RunSummary:
+    assert outcome.error == "", outcome.error
+    assert outcome.summary is not None
+    assert outcome.summary.steps_done == TARGET
+    return outcome.summary
+
+
+# ------------------------------------------------------------------------- scenarios
+def healthy(o: Outcome) -> None:
+    summary = _completed(o)
+    assert len(summary.attempts) == 1 and summary.migrations == ()
+    assert o.fake.downs == _launched(o)  # torn down once the job was done
+
+
+def notice_then_terminated(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("spot preemption; srifty")
+    # The job saved on its notice: the next attempt resumed at the very step.
+    assert move.resumed_step == move.step_at_preemption > 0
+    assert summary.attempts[0].state.value == "preempted"
+    first = _launched(o)[0]
+    assert first in o.fake.downs  # downed during the notice window, before AWS took it
+    assert o.decider.history[plan_key(HOME)].interruptions == 1
+
+
+def notice_then_stopped(o: Outcome) -> None:
+    notice_then_terminated(o)
+
+
+def reclaimed_without_notice(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("spot preemption")
+    assert move.resumed_step <= move.step_at_preemption  # work since the last save is lost
+    assert _launched(o)[0] not in o.fake.downs  # it was already gone
+
+
+def partial_preemption(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("spot preemption")
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.reclaim_at is not None and first.downed_at is not None
+    waited = first.downed_at - first.reclaim_at
+    assert o.backend.init_timeout_s <= waited <= o.backend.init_timeout_s + 30  # no hang
+    assert _launched(o)[0] in o.fake.downs
+
+
+def no_capacity_then_other_zone(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.migrations[0].reason.startswith("no capacity")
+    second_task = o.fake.launched[1][1]
+    (res,) = second_task.resources
+    assert res.instance_type == OTHER.cluster.groups[0].offer.instance_type
+
+
+def preempted_then_no_capacity(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations  # one move: from the preempted cluster to where it ran
+    assert move.reason.startswith("spot preemption; srifty")
+    assert "; then no capacity (launch srifty-2-" in move.reason
+    assert move.to_plan == f"{summary.attempts[-1].plan.cluster.describe()} spot use1-az1"
+    assert move.resumed_step == move.step_at_preemption > 0
+    assert len(summary.attempts) == 3 and summary.attempts[1].no_capacity
+    logged = (o.controller.migration_log).read_text().splitlines()
+    assert len(logged) == 1
+
+
+def no_capacity_anywhere(o: Outcome) -> None:
+    assert o.summary is None
+    assert o.error.startswith("gave up after 10 attempts")
+
+
+def api_away_for_minutes(o: Outcome) -> None:
+    _completed(o)
+    assert o.backend.api_retries >= 3
+
+
+def api_away_too_long(o: Outcome) -> None:
+    assert o.summary is None
+    assert "the SkyPilot API server was unreachable for 30 min" in o.error
+    assert "as long as srifty-launch waits (30 min;" in o.error
+    assert "\n" not in o.error
+
+
+def log_stream_drops(o: Outcome) -> None:
+    summary = _completed(o)
+    events = summary.attempts[0].events
+    assert len(events) == len({e.to_line() for e in events})  # no duplicates
+    assert [e.event for e in events][0] == "start" and events[-1].event == "done"
+
+
+def log_lost_and_notice(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations  # no log: the notice window and the vanished cluster decide
+    assert move.reason.startswith("spot preemption")
+
+
+def setup_fails(o: Outcome) -> None:
+    assert o.summary is None
+    assert "setup failed on srifty-1-" in o.error and "FAILED_SETUP" in o.error
+    assert o.fake.downs == _launched(o)
+
+
+def user_code_crashes(o: Outcome) -> None:
+    assert o.summary is None
+    assert o.error.startswith("training failed on 2x g5.12xlarge")
+    assert "the job on srifty-1-" in o.error and "sky logs" in o.error
+
+
+def back_to_spot(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("policy move; srifty: spot up in two zones or more")
+    assert move.from_plan.endswith("on-demand use1-az1") and "spot" in move.to_plan
+    # Drained: SkyPilot's cancel sent SIGTERM, the job saved, the next one resumed there.
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.cancelled_at is not None and _launched(o)[0] in o.fake.cancels
+    saved = first.step_at(first.cancelled_at + SAVE_S)
+    assert move.resumed_step == saved >= move.step_at_preemption > 0
+    assert len(summary.attempts) == 2 and summary.attempts[1].plan.use_spot
+
+
+def on_demand_interrupted(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("on-demand interruption")
+    assert "spot preemption" not in move.reason
+    seen = o.decider.history[plan_key(ON_DEMAND)]
+    assert seen.interruptions == 0  # not counted against the spot market
+
+
+SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcome], None]]] = {
+    "healthy": ([ClusterScript()], {}, healthy),
+    "notice-then-terminated": (
+        [ClusterScript(preempt_after_s=300, reclaim="terminate"), ClusterScript()],
+        {},
+        notice_then_terminated,
+    ),
+    "notice-then-stopped": (
+        [ClusterScript(preempt_after_s=300, reclaim="stop"), ClusterScript()],
+        {},
+        notice_then_stopped,
+    ),
+    "reclaimed-without-notice": (
+        [ClusterScript(preempt_after_s=400, notice=False), ClusterScript()],
+        {},
+        reclaimed_without_notice,
+    ),
+    "partial-preemption-init": (
+        [ClusterScript(preempt_after_s=300, notice=False, reclaim="partial"), ClusterScript()],
+        {},
+        partial_preemption,
+    ),
+    "no-capacity-then-other-zone": (
+        [ClusterScript(no_capacity=True), ClusterScript()],
+        {},
+        no_capacity_then_other_zone,
+    ),
+    "preempted-then-no-capacity": (
+        [
+            ClusterScript(preempt_after_s=300),
+            ClusterScript(no_capacity=True),
+            ClusterScript(),
+        ],
+        {},
+        preempted_then_no_capacity,
+    ),
+    "no-capacity-anywhere": ([ClusterScript(no_capacity=True)] * 12, {}, no_capacity_anywhere),
+    "api-away-10-min": (
+        [ClusterScript()],
+        {"prepare": lambda fake: fake.outages.append((400.0, 1000.0))},
+        api_away_for_minutes,
+    ),
+    "api-away-40-min": (
+        [ClusterScript()],
+        {
+            "prepare": lambda fake: fake.outages.append((400.0, 2800.0)),
+            "api": ApiPatience(patience_s=1800.0),
+        },
+        api_away_too_long,
+    ),
+    "log-stream-drops": (
+        [ClusterScript()],
+        {"prepare": lambda fake: setattr(fake, "log_drops", 4)},
+        log_stream_drops,
+    ),
+    "log-lost-and-notice": (
+        [ClusterScript(preempt_after_s=300), ClusterScript()],
+        {"prepare": lambda fake: setattr(fake, "log_dead_first", 1)},
+        log_lost_and_notice,
+    ),
+    "setup-fails": ([ClusterScript(setup_fails=True)], {}, setup_fails),
+    "user-code-crashes": ([ClusterScript(crash_after_s=200)], {}, user_code_crashes),
+    "on-demand-policy-returns-to-spot": (
+        [ClusterScript(), ClusterScript()],
+        {"first": ON_DEMAND, "policy_every_s": 300.0},
+        back_to_spot,
+    ),
+    "on-demand-interrupted": (
+        [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
+        {"first": ON_DEMAND},
+        on_demand_interrupted,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario(name: str, tmp_path: Path, sky_offline: object) -> None:
+    scripts, options, check = SCENARIOS[name]
+    outcome = run(tmp_path, [ClusterScript(**vars(s)) for s in scripts], **options)
+    check(outcome)
+    _assert_all_down(outcome)
+
+
+# ------------------------------------------------------------------- managed jobs
+def managed_healthy(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 0
+    ((name, task, _),) = o.fake.launched
+    assert isinstance(task.resources, list)  # ordered candidates
+    assert [r.instance_type for r in task.resources] == ["g5.12xlarge", "g4dn.12xlarge",
+                                                           "g5.12xlarge"]  # fmt: skip
+    assert [r.use_spot for r in task.resources] == [True, True, False]
+    assert o.fake.downs == [f"{name}-1"]  # the jobs controller cleaned its cluster up
+
+
+def managed_recovers_from_notice(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 1 and summary.migrations == ()
+    events = summary.attempts[0].events
+    preempted = next(e for e in events if e.event == "preempted")
+    resumed = next(e for e in events if e.event == "resumed")
+    assert resumed.step == preempted.step  # SkyPilot recovered on exit 75; nothing lost
+
+
+def managed_recovers_from_reclaim(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 1
+
+
+def managed_no_capacity_then_next_resource(o: Outcome) -> None:
+    summary = _completed(o)
+    assert summary.recoveries == 0
+    assert len(o.fake.clusters) == 1  # the first ordered resource had no capacity
+
+
+def managed_no_resource(o: Outcome) -> None:
+    assert o.summary is None
+    assert "managed job 1 ended FAILED_NO_RESOURCE" in o.error
+
+
+def managed_setup_fails(o: Outcome) -> None:
+    assert o.summary is None
+    assert "managed job 1 ended FAILED_SETUP" in o.error
+
+
+def managed_user_crash(o: Outcome) -> None:
+    assert o.summary is None
+    assert "ended FAILED: Job exited with exit code 1 (user program failure)" in o.error
+
+
+def managed_api_away(o: Outcome) -> None:
+    _completed(o)
+    assert o.backend.api_retries >= 3
+
+
+def managed_ctrl_c(o: Outcome) -> None:
+    assert o.error == "KeyboardInterrupt"
+    assert o.fake.managed[1].status == "CANCELLED"  # Ctrl-C cancelled the managed job
+
+
+MANAGED: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcome], None]]] = {
+    "healthy": ([ClusterScript()], {}, managed_healthy),
+    "notice-exit-75-recovered": (
+        [ClusterScript(preempt_after_s=300), ClusterScript()],
+        {},
+        managed_recovers_from_notice,
+    ),
+    "reclaimed-recovered": (
+        [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
+        {},
+        managed_recovers_from_reclaim,
+    ),
+    "no-capacity-then-next-resource": (
+        [ClusterScript(no_capacity=True), ClusterScript()],
+        {},
+        managed_no_capacity_then_next_resource,
+    ),
+    "no-resource-anywhere": ([ClusterScript(no_capacity=True)] * 3, {}, managed_no_resource),
+    "setup-fails": ([ClusterScript(setup_fails=True)], {}, managed_setup_fails),
+    "user-code-crashes": ([ClusterScript(crash_after_s=100)], {}, managed_user_crash),
+    "api-away-10-min": (
+        [ClusterScript()],
+        {"prepare": lambda fake: fake.outages.append((400.0, 1000.0))},
+        managed_api_away,
+    ),
+    "ctrl-c-cancels": ([ClusterScript()], {"interrupt_after_polls": 30}, managed_ctrl_c),
+}
+
+
+@pytest.mark.parametrize("name", list(MANAGED))
+def test_managed_job_scenario(name: str, tmp_path: Path, sky_offline: object) -> None:
+    scripts, options, check = MANAGED[name]
+    outcome = run(tmp_path, [ClusterScript(**vars(x)) for x in scripts], managed=True, **options)
+    check(outcome)
+    assert outcome.fake.left_up() == []  # whatever happened, no cluster is left
+    assert all(state == "down" for _, state in outcome.ledger), outcome.ledger
+
+
+# ------------------------------------------------------------------------ Ctrl-C
+def test_ctrl_c_takes_the_clusters_down(tmp_path: Path, sky_offline: object) -> None:
+    outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40)
+    assert outcome.error == "KeyboardInterrupt"
+    _assert_all_down(outcome)
+
+
+def test_ctrl_c_with_keep_clusters_leaves_them_for_srifty_down(
+    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_srifty.cli import down_cmd
+
+    outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40, keep=True)
+    assert outcome.error == "KeyboardInterrupt"
+    (name,) = _launched(outcome)
+    assert outcome.fake.left_up() == [name] and outcome.ledger == [(name, "up")]
+    # Later: `srifty down RUN_DIR` (its backend talks to the same fake server).
+    later = make_backend(outcome.fake, tmp_path)
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=later) == 0
+    assert outcome.fake.left_up() == [] and name in outcome.fake.downs
+    assert [e.state for e in ClusterLedger(tmp_path).entries()] == ["down"]
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=later) == 0
+    assert "every cluster is down; nothing to do" in capsys.readouterr().out
+
+
+def test_ctrl_c_while_provisioning_cancels_and_tears_down(
+    tmp_path: Path, sky_offline: object
+) -> None:
+    outcome = run(tmp_path, [ClusterScript(interrupted=True)])
+    assert outcome.error == "KeyboardInterrupt"
+    assert "api_cancel" in outcome.fake.calls  # the launch request was cancelled
+    _assert_all_down(outcome)
+
+
+def test_ctrl_c_while_a_managed_job_is_submitted_cancels_it_by_name(
+    tmp_path: Path, sky_offline: object
+) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    backend = make_backend(fake, tmp_path, managed=True)
+    assert isinstance(backend, SkyJobsBackend)
+    backend.candidates = (HOME, OTHER)
+    real_get = fake.stream_and_get
+
+    def interrupted(request_id: str) -> object:
+        real_get(request_id)  # the server took the job ...
+        raise KeyboardInterrupt  # ... and the user pressed Ctrl-C before the reply
+
+    fake.stream_and_get = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        backend.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    ((name, state),) = [(e.name, e.state) for e in ClusterLedger(tmp_path).entries()]
+    assert state == "launching"  # no id came back, but the ledger has the name
+    assert backend.down_recorded() == [name]
+    assert fake.managed[1].status in ("CANCELLING", "CANCELLED") and name in fake.cancels
+    fake.clock.sleep(60)
+    fake.jobs._advance(fake.managed[1])  # noqa: SLF001 - the jobs controller's next step
+    assert fake.managed[1].status == "CANCELLED" and fake.left_up() == []
+
+
+def test_teardown_waits_out_an_api_outage(tmp_path: Path, sky_offline: object) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    backend = make_backend(fake, tmp_path)
+    handle = backend.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    fake.outages.append((fake.clock.now, fake.clock.now + 900.0))  # 15 minutes away
+    backend.stop(handle)
+    assert fake.left_up() == [] and fake.clock.now >= 900.0
+    assert backend.api_retries >= 5

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.monitor import Expectation
@@ -65,7 +66,7 @@ def controller(
     return Controller(
         backend=LocalBackend(tmp_path / "local", max_nodes=1, max_procs=1),
         script=str(SCRIPT),
-        script_args=("--hidden", "512", "--default-root-dir", str(tmp_path / "lightning")),
+        script_args=("--hidden", "512"),
         run_dir=tmp_path,
         checkpoint_uri=str(tmp_path / "checkpoints"),
         target_steps=target,
@@ -77,6 +78,10 @@ def controller(
         wait_s=2.0,
         policy_every_s=2.0,
         grace_s=30.0,
+        # the launcher shapes the script's Trainer through PL_TRAINER_* (logs in the run)
+        trainer_env_for=lambda p: proto.trainer_env(
+            nodes=1, devices_per_node=1, root_dir=str(tmp_path / "lightning")
+        ),
     )
 
 

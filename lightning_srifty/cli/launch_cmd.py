@@ -84,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sky backends: keep clusters up on Ctrl-C (srifty down RUN_DIR)",
     )
     p.add_argument("--setup", help="sky backends: extra node setup commands (shell)")
+    p.add_argument(
+        "--no-refine",
+        action="store_true",
+        help="do not re-plan on the running job's measured steps (live refinement)",
+    )
     return p
 
 
@@ -223,6 +228,7 @@ def options_from_args(
         policy=args.policy,
         keep_clusters=args.keep_clusters,
         setup=args.setup,
+        refine=not args.no_refine,
     )
 
 

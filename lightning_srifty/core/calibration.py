@@ -220,11 +220,18 @@ class JobTerms:
     """How many of the job's rows the terms were fitted on."""
     instance_type: str = ""
     """The hardware the co-location term was measured on (the profile's instance type)."""
+    compute_scale: float = 1.0
+    """Measured over predicted compute of the job on ``accelerator``: what a run of the
+    job on that GPU showed that the roofline transfer did not (live refinement)."""
+    accelerator: str = ""
+    """The GPU ``compute_scale`` was measured on (empty: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "instance_type": self.instance_type,
+            "compute_scale": self.compute_scale,
+            "accelerator": self.accelerator,
             "tail_fraction": self.tail_fraction,
             "overlap_window": self.overlap_window,
             "colocation_slowdown": self.colocation_slowdown,
@@ -240,6 +247,8 @@ class JobTerms:
             colocation_slowdown=r.float("colocation_slowdown", minimum=0.0),
             rows=r.int("rows", 0, minimum=0),
             instance_type=r.str("instance_type", ""),
+            compute_scale=r.float("compute_scale", 1.0, positive=True),
+            accelerator=r.str("accelerator", ""),
         )
         for key in ("tail_fraction", "overlap_window"):
             if getattr(terms, key) > 1.0:

@@ -370,7 +370,8 @@ class PerformanceModel:
         local_batch: int | np.ndarray | None,
         global_batch: int | None,
     ) -> dict[str, np.ndarray]:
-        phys = self.calibration.physics_for(profile.model_name, profile.environment.instance_type)
+        job = self.calibration.job(profile.model_name, profile.environment.instance_type)
+        phys = self.physics.for_job(job)
         nodes = np.asarray(cand.nodes, dtype=np.int64)
         gpn = np.asarray(cand.gpus_per_node, dtype=np.int64)
         present = nodes > 0
@@ -383,6 +384,9 @@ class PerformanceModel:
             r = self.compute_ratio(profile, name)
             ratio[mask] = np.nan if r is None else r
         known = ~np.isnan(ratio) | ~present
+        if job is not None and job.accelerator and job.compute_scale != 1.0:
+            measured_on = np.asarray(cand.accelerator) == job.accelerator
+            ratio = np.where(measured_on & present, ratio * job.compute_scale, ratio)
         colocation = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
         host = self.host_share(profile)
         fixed = self.fixed_host_s(profile, curve)

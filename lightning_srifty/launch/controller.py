@@ -39,9 +39,9 @@ from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import CapacityError, LaunchError, SchemaError
 from lightning_srifty.core.launch_protocol import ProgressEvent
-from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot
+from lightning_srifty.core.monitor import Expectation, Snapshot, mean_step_time, snapshot
 from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
-from lightning_srifty.launch.migration import Decision, plan_key, true_move
+from lightning_srifty.launch.migration import REPLANNED, Decision, plan_key, true_move
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +362,12 @@ class Controller:
     """``--epochs``: the job counts epochs itself (``target_steps`` is then an estimate)."""
     policy_every_s: float | None = None
     """While on on-demand, ask the policy again this often (``None``: never)."""
+    refiner: Callable[[Plan, float, int, float, float], Decision | None] | None = None
+    """Live refinement (:class:`~lightning_srifty.launch.refine.Refiner.check`): given
+    the plan, its measured mean step, the remaining steps, the elapsed hours and the
+    attempt's start-up seconds, a better plan to move to, or ``None``."""
+    refine_after_steps: int = 30
+    """Steps an attempt runs before its mean step is trusted for re-planning."""
     keep_on_interrupt: bool = False
     """On Ctrl-C leave the running job's clusters up (``--keep-clusters``)."""
     clock: Callable[[], float] = time.monotonic
@@ -443,7 +449,10 @@ class Controller:
             still_moving = report.no_capacity and preempted_at is not None and migrations
             if report.moved_to is not None:
                 new_plan = report.moved_to
-                why = f"policy move; {true_move(report.move_reason, plan, new_plan)}"
+                if report.move_reason.startswith(REPLANNED):
+                    why = report.move_reason
+                else:
+                    why = f"policy move; {true_move(report.move_reason, plan, new_plan)}"
                 preempted_at = self.clock()
             else:
                 if report.state is not JobState.PREEMPTED:
@@ -541,6 +550,8 @@ class Controller:
         t0 = self.clock()
         next_ask = t0 + (self.policy_every_s or 0.0)
         injected = False
+        refined = self.refiner is None
+        first_step_at: float | None = None
         moved: Decision | None = None
         state = JobState.PENDING
         keep = False
@@ -561,6 +572,22 @@ class Controller:
                     break
                 made_progress = any(e.event == "step" for e in progress.events)
                 reached = max((e.step for e in progress.events), default=0)
+                if made_progress and first_step_at is None:
+                    first_step_at = now
+                if (
+                    not refined
+                    and moved is None
+                    and first_step_at is not None
+                    and reached - start_step >= self.refine_after_steps
+                    and reached < self.target_steps
+                ):
+                    refined = True
+                    moved = self._refine(
+                        plan, progress.events, reached, started, first_step_at - t0
+                    )
+                    if moved is not None:
+                        self._drain(handle)
+                        continue
                 if (
                     not injected
                     and plan.use_spot  # the spot market revokes spot nodes only
@@ -622,6 +649,22 @@ class Controller:
             detail=str(detail or ""),
             recoveries=int(count(handle)) if count is not None else 0,
         )
+
+    def _refine(
+        self,
+        plan: Plan,
+        events: Sequence[ProgressEvent],
+        reached: int,
+        started: float,
+        startup_s: float,
+    ) -> Decision | None:
+        """Asks the refiner once, on this attempt's mean step so far."""
+        assert self.refiner is not None
+        measured = mean_step_time(events)
+        if measured is None:
+            return None
+        elapsed_h = (self.clock() - started) / 3600.0
+        return self.refiner(plan, measured, self.target_steps - reached, elapsed_h, startup_s)
 
     def _drain(self, handle: object) -> None:
         """Asks the running job to checkpoint and stop (it exits on the signal)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,10 +32,12 @@ from lightning_srifty.launch.local_backend import LocalBackend, LocalTopology
 from lightning_srifty.launch.migration import (
     Candidates,
     CandidateSource,
+    Decision,
     PolicyDecider,
     plan_key,
 )
 from lightning_srifty.launch.profiling import ProfileRun, run_profile
+from lightning_srifty.launch.refine import Refiner
 from lightning_srifty.launch.runs import claim_run_dir, next_attempt, write_run_record
 
 if TYPE_CHECKING:
@@ -93,6 +95,8 @@ class LaunchOptions:
     """On Ctrl-C leave the run's clusters (or managed job) running."""
     setup: str | None = None
     """Extra setup commands for the nodes (``--setup``), after the package is installed."""
+    refine: bool = True
+    """Re-plan on the running job's measured steps and migrate when that pays off."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -298,6 +302,7 @@ def run_launch(
         target_epochs=request.epochs,
         policy_every_s=policy_every_s,
         keep_on_interrupt=options.keep_clusters,
+        refiner=_refiner(options, profile, offers, model, request, local, checkpoint_s),
     )
 
     prepare = getattr(backend, "task_options", None)
@@ -548,6 +553,50 @@ def _ran_on(p: Plan, backend: Backend) -> RanOn:
             group.offer.instance_type, group.offer.region, group.nodes, group.gpus_per_node
         )
     return RanOn(None, group.offer.region, p.cluster.nodes, group.gpus_per_node)
+
+
+def _refiner(
+    options: LaunchOptions,
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+    local: LocalBackend | None,
+    checkpoint_s: float | None,
+) -> Callable[[Plan, float, int, float, float], Decision | None] | None:
+    """Live refinement for the run (``None`` with ``--no-refine`` or managed jobs, where
+    SkyPilot's controller decides where the job runs)."""
+    if not options.refine or options.backend == "sky-jobs":
+        return None
+
+    def replan(refitted: PerformanceModel, remaining: int, elapsed_h: float) -> list[Plan]:
+        left = None if request.deadline_h is None else max(request.deadline_h - elapsed_h, 1e-3)
+        rest = dataclasses.replace(
+            request, target_steps=max(remaining, 1), epochs=None, deadline_h=left, top_k=10
+        )
+        try:
+            if options.pinned:
+                return list(plan_pinned(profile, offers, refitted, rest, options.pinned).plans)
+            return list(plan(profile, offers, refitted, rest).plans)
+        except InfeasibleError:
+            return []
+
+    def ran_on(p: Plan) -> Cluster:
+        if local is not None:
+            return local_cluster(profile, local.topology_for(p.cluster))
+        return p.cluster
+
+    refiner = Refiner(
+        profile=profile,
+        calibration=model.calibration,
+        gpu_specs=model.gpu_specs,
+        replan=replan,
+        ran_on=ran_on,
+        objective="time" if request.objective == "time" else "cost",
+        checkpoint_s=checkpoint_s or 0.0,
+        processes_keep_batch=local is not None,
+    )
+    return refiner.check
 
 
 def _candidate_source(

@@ -65,6 +65,10 @@ class Candidates:
     on_demand: Plan | None
 
 
+REPLANNED = "re-planned on measured steps"
+"""How a live-refinement move's reason begins (the controller logs it as it is)."""
+
+
 @dataclass(frozen=True)
 class Decision:
     """Where to go next; ``plan is None`` means wait and ask again."""

@@ -1,0 +1,119 @@
+"""Live refinement: a running job's measured step time refits that job's own terms.
+
+Once the job runs on the chosen cluster, its step time is a measurement of *this* job
+on *this* hardware. It refits the job's own terms, the way the calibration fit treats
+every job (:mod:`lightning_srifty.fit.calibration`), while the hardware constants stay
+as calibrated:
+
+* ``compute_scale``: measured over predicted compute on the accelerator it ran on
+  (what the roofline transfer from the profiled device missed);
+* ``colocation_slowdown``: how much GPUs sharing a node slow the job (its data
+  loading against the host's CPUs), where the cluster has several GPUs on a node;
+* ``tail_fraction``: how much of its all-reduce backward cannot hide, where the
+  cluster communicates.
+
+One step time cannot separate them, so each term has a prior around its current value
+and the fit is the most probable split (maximum a posteriori): a term the measurement
+is insensitive to stays where it was. The compute term's prior is tight when the job
+runs on the accelerator it was profiled on (nothing was transferred, so compute is
+known) and wide when a roofline ratio carried it to another GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from lightning_srifty.core.calibration import Calibration, JobTerms
+from lightning_srifty.core.catalog import GpuSpec
+from lightning_srifty.core.cluster import Cluster
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.profile import Profile
+
+COMPUTE_PRIOR_SIGMA = 0.5
+"""Prior spread (log units) of the compute scale after a transfer to another GPU: a
+roofline transfer is rarely off by more than a factor of e."""
+SAME_DEVICE_COMPUTE_SIGMA = 0.05
+"""The same on the profiled accelerator: the profile measured that compute itself."""
+TAIL_PRIOR_SIGMA = 0.5
+"""Prior spread (logit units) of the tail fraction."""
+COLOCATION_PRIOR_SIGMA = 0.2
+"""Prior spread of the co-location slowdown per extra GPU on a node (additive: a job
+that saturates a shared host can be 20-50 % slower per neighbour)."""
+MEASUREMENT_SIGMA = 0.05
+"""Log spread of a measured mean step over tens of steps."""
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def _logistic(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-min(max(z, -40.0), 40.0)))
+
+
+def refit_job(
+    calibration: Calibration,
+    profile: Profile,
+    cluster: Cluster,
+    measured_step_s: float,
+    *,
+    gpu_specs: dict[str, GpuSpec],
+    global_batch: int | None = None,
+) -> Calibration:
+    """``calibration`` with ``profile``'s job terms refitted to a step measured on ``cluster``.
+
+    The job is keyed by ``profile.model_name`` (and, for co-location, the profile's
+    instance type), as in a calibration fit. ``global_batch`` is the batch the cluster
+    ran (split across its GPUs as the planner does); ``None``: every process kept the
+    profile's own batch.
+    """
+    from scipy.optimize import least_squares  # lazy: only fitting needs scipy
+
+    name = profile.model_name or "job"
+    profile = replace(profile, model_name=name)
+    instance = profile.environment.instance_type or ""
+    base = calibration.job(name, instance) or JobTerms(
+        name=name,
+        tail_fraction=calibration.physics.tail_fraction,
+        overlap_window=calibration.physics.overlap_window,
+        colocation_slowdown=calibration.physics.colocation_slowdown,
+        instance_type=instance,
+    )
+    accelerator = cluster.groups[0].offer.accelerator
+    shared = max(g.gpus_per_node for g in cluster.groups) > 1
+    communicates = cluster.world_size > 1
+    start_scale = base.compute_scale if base.accelerator == accelerator else 1.0
+    same_device = accelerator == profile.environment.accelerator
+    compute_sigma = SAME_DEVICE_COMPUTE_SIGMA if same_device else COMPUTE_PRIOR_SIGMA
+
+    def terms(x: np.ndarray) -> JobTerms:
+        return replace(
+            base,
+            compute_scale=start_scale * math.exp(float(x[0])),
+            accelerator=accelerator,
+            colocation_slowdown=max(base.colocation_slowdown + float(x[1]), 0.0)
+            if shared
+            else base.colocation_slowdown,
+            tail_fraction=_logistic(_logit(base.tail_fraction) + float(x[2]))
+            if communicates
+            else base.tail_fraction,
+        )
+
+    def with_terms(x: np.ndarray) -> Calibration:
+        others = tuple(j for j in calibration.jobs if j.name != name)
+        return replace(calibration, jobs=(*others, terms(x)))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        model = PerformanceModel(gpu_specs, with_terms(x))
+        step = model.predict(profile, cluster, global_batch=global_batch).step_s
+        misfit = math.log(max(step, 1e-12) / measured_step_s) / MEASUREMENT_SIGMA
+        return np.array(
+            [misfit, x[0] / compute_sigma, x[1] / COLOCATION_PRIOR_SIGMA, x[2] / TAIL_PRIOR_SIGMA]
+        )
+
+    result = least_squares(residuals, np.zeros(3), xtol=1e-6, ftol=1e-8, max_nfev=200)
+    return with_terms(result.x)

@@ -1,0 +1,195 @@
+"""Live refinement: measured steps refit the job's terms, the launcher re-plans and moves
+only when that beats the measured cost of moving.
+
+The first tests drive :class:`Refiner` with the real planner on hand-made offers; the
+last runs real processes on the local backend, with a slowdown injected into the
+script when processes share a node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.calibration import Calibration
+from lightning_srifty.core.catalog import GpuSpec, Offer
+from lightning_srifty.core.cluster import Cluster, Plan
+from lightning_srifty.core.links import loopback_links
+from lightning_srifty.core.monitor import Expectation
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.planner import PlanRequest, plan, plan_pinned
+from lightning_srifty.core.profile import (
+    BatchPoint,
+    Environment,
+    Memory,
+    Profile,
+    Spread,
+    StepTimes,
+)
+from lightning_srifty.core.spot import make_policy
+from lightning_srifty.io.calibration_io import load_default_calibration
+from lightning_srifty.launch.controller import Controller
+from lightning_srifty.launch.launcher import local_cluster
+from lightning_srifty.launch.local_backend import LocalBackend
+from lightning_srifty.launch.migration import REPLANNED, Candidates, PolicyDecider, plan_key
+from lightning_srifty.launch.profiling import run_profile
+from lightning_srifty.launch.refine import Refiner
+
+SPECS = {"T4": GpuSpec("T4", 8.1, 8.1, 65.0, 320.0, 16.0)}
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "colocated_slowdown.py"
+
+
+def _offer(name: str, count: int, hourly: float, acc: str = "T4") -> Offer:
+    link = "PCIe" if count > 1 else "none"
+    return Offer(
+        name, acc, count, 16.0, 8.0 * count, 32.0 * count, "us-west-2", "usw2-az1",
+        hourly, None, link, 50.0, links=loopback_links(link, 50.0),
+    )  # fmt: skip
+
+
+QUAD = _offer("quad", 4, 4.0)
+SINGLE = _offer("single", 1, 1.0)
+
+
+def _profile(acc: str = "T4", step_s: float = 0.1) -> Profile:
+    return Profile(
+        kind="coarse",
+        environment=Environment("NVIDIA " + acc, acc, 1, 1, 1, "32-true", 32, "", ""),
+        steps=StepTimes(Spread(step_s, step_s, step_s, 10), 0, 0, 0, 0, 0, 10),
+        grad_bytes=4 * 1024**2,
+        flops_per_step=0.0,
+        memory=Memory(0, 0, 0, 0, 0, "unknown"),
+        batch_points=(BatchPoint(16, step_s / 2, step_s / 2), BatchPoint(32, step_s, step_s)),
+        model_name="Job",
+    )
+
+
+def _refiner(profile: Profile, offers: Sequence[Offer], cal: Calibration) -> Refiner:
+    request = PlanRequest(target_steps=10_000, allow_spot=False, mixes=False, max_nodes=4)
+
+    def replan(model: PerformanceModel, remaining: int, elapsed_h: float) -> list[Plan]:
+        rest = dataclasses.replace(request, target_steps=max(remaining, 1))
+        return list(plan(profile, offers, model, rest).plans)
+
+    return Refiner(
+        profile=profile, calibration=cal, gpu_specs=SPECS, replan=replan,
+        ran_on=lambda p: p.cluster, objective="cost", checkpoint_s=2.0,
+    )  # fmt: skip
+
+
+def _pinned(profile: Profile, cal: Calibration, name: str, nodes: int) -> Plan:
+    request = PlanRequest(target_steps=10_000, allow_spot=False, mixes=False)
+    model = PerformanceModel(SPECS, cal)
+    return plan_pinned(profile, [QUAD, SINGLE], model, request, [(name, nodes)]).best
+
+
+def test_a_slow_shared_node_refits_colocation_and_moves_to_one_gpu_per_node() -> None:
+    cal = load_default_calibration()
+    profile = _profile()
+    quad = _pinned(profile, cal, "quad", 1)
+    refiner = _refiner(profile, [QUAD, SINGLE], cal)
+    # one node of four GPUs measured twice as slow as predicted (profiled on a T4 too)
+    decision = refiner.check(quad, 2 * quad.step_s, 9_000, 0.1, startup_s=60.0)
+    assert decision is not None and decision.reason.startswith(REPLANNED)
+    assert decision.plan is not None
+    assert max(g.gpus_per_node for g in decision.plan.cluster.groups) == 1
+    # the job's co-location term took the blame: its compute was profiled on this GPU
+    job = refiner.calibration.job("Job", profile.environment.instance_type)
+    assert job is not None and job.colocation_slowdown > 0.15
+    assert job.compute_scale == pytest.approx(1.0, abs=0.1)
+
+
+def test_a_step_inside_the_interval_moves_nothing() -> None:
+    cal = load_default_calibration()
+    profile = _profile()
+    quad = _pinned(profile, cal, "quad", 1)
+    refiner = _refiner(profile, [QUAD, SINGLE], cal)
+    assert refiner.check(quad, quad.step_s, 9_000, 0.1, startup_s=60.0) is None
+    assert refiner.calibration is cal  # nothing learned, nothing kept
+
+
+def test_moving_must_pay_for_its_measured_cost() -> None:
+    cal = load_default_calibration()
+    profile = _profile()
+    quad = _pinned(profile, cal, "quad", 1)
+    refiner = _refiner(profile, [QUAD, SINGLE], cal)
+    # the same slowdown, but ten steps are left and starting up took ten minutes
+    assert refiner.check(quad, 2 * quad.step_s, 10, 0.1, startup_s=600.0) is None
+    assert refiner.last is not None and refiner.last.move is not None
+    assert refiner.last.moving_usd > refiner.last.stay_cost_usd - refiner.last.move_cost_usd
+
+
+@pytest.mark.slow
+def test_local_run_with_a_slowdown_on_shared_nodes_migrates_and_finishes(
+    tmp_path: Path,
+) -> None:
+    """Real processes: 2 on one node sleep each step; the refiner moves the job to nodes
+    of 1 process, where it runs at full speed and finishes."""
+    run_dir = tmp_path / "run"
+    profiled = run_profile(
+        str(SCRIPT), (), run_dir=run_dir, checkpoint_uri=str(run_dir / "checkpoints"),
+        extra_env={"OMP_NUM_THREADS": "1", "SRIFTY_IMDS": "off"},
+    )  # fmt: skip
+    profile = profiled.profile
+    acc = profile.environment.accelerator
+    duo, solo = _offer("duo", 2, 2.0, acc), _offer("solo", 1, 1.0, acc)
+    cal = load_default_calibration()
+    backend = LocalBackend(tmp_path / "local", max_nodes=2, max_procs=2)
+    request = PlanRequest(target_steps=300, allow_spot=False, mixes=False, max_nodes=2)
+    start = plan_pinned(profile, [duo, solo], PerformanceModel({}, cal), request, [("duo", 1)])
+
+    def replan(model: PerformanceModel, remaining: int, elapsed_h: float) -> list[Plan]:
+        rest = dataclasses.replace(request, target_steps=max(remaining, 1))
+        return list(plan(profile, [duo, solo], model, rest).plans)
+
+    def ran_on(p: Plan) -> Cluster:
+        return local_cluster(profile, backend.topology_for(p.cluster))
+
+    refiner = Refiner(
+        profile=profile, calibration=cal, gpu_specs={}, replan=replan, ran_on=ran_on,
+        checkpoint_s=1.0, processes_keep_batch=True,
+    )  # fmt: skip
+    model = PerformanceModel({}, cal)
+
+    def expect(p: Plan) -> Expectation:
+        run = model.predict(profile, ran_on(p))
+        return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, 300)
+
+    decider = PolicyDecider(
+        policy=make_policy("on-demand"),
+        candidates=lambda remaining, elapsed: Candidates((), start.best),
+        home=plan_key(start.best),
+        target_steps=300,
+        deadline_h=None,
+        changeover_h=0.1,
+        wait_h=1e-3,
+    )
+    controller = Controller(
+        backend=backend, script=str(SCRIPT),
+        script_args=("--colocated-sleep", "0.2"), run_dir=run_dir,
+        checkpoint_uri=str(run_dir / "checkpoints"), target_steps=300,
+        next_planner=decider, expectation_for=expect,
+        extra_env={"SRIFTY_IMDS": "off", "OMP_NUM_THREADS": "1"}, poll_s=0.3, grace_s=30.0,
+        trainer_env_for=lambda p: proto.trainer_env(
+            nodes=backend.topology_for(p.cluster).nodes,
+            devices_per_node=backend.topology_for(p.cluster).procs_per_node,
+            root_dir=str(run_dir / "lightning"),
+        ),
+        refiner=refiner.check, refine_after_steps=20,
+    )  # fmt: skip
+    summary = controller.run(start.best)
+    assert summary.steps_done >= 300
+    assert len(summary.migrations) == 1
+    move = summary.migrations[0]
+    assert move.reason.startswith(REPLANNED), move.reason
+    assert "solo" in move.to_plan  # one process per node: nothing shares a node
+    first, second = summary.attempts
+    assert first.last_step < 300 and second.finished
+    logged = [json.loads(line) for line in (run_dir / "migrations.jsonl").read_text().splitlines()]
+    assert logged and logged[0]["reason"].startswith(REPLANNED)
+    assert refiner.last is not None and refiner.last.measured_step_s > 0.15  # the sleep

@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from lightning_srifty.core.catalog import PRECISIONS, peak_tflops, predicted_speed_ratio
-from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.fit.validation import single_gpu_transfer
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_gpu_specs
 from lightning_srifty.io.lambda_bench import load_lambda_benchmark, single_gpu_throughput
-from lightning_srifty.io.traces import TraceSet, coarse_profile, load_traces
+from lightning_srifty.io.traces import load_traces
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRACE_SETS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
@@ -82,42 +82,18 @@ def lambda_pairs(folder: Path) -> None:
             print(f"   {name:<6} median error {median:5.1f}%   ranked right {agree[name]}/{pairs}")
 
 
-def _single_gpu(traces: TraceSet, model: str) -> dict[int, float]:
-    by: dict[int, list[float]] = {}
-    for r in traces.single_gpu_rows(model):
-        by.setdefault(r.local_bsz, []).append(r.step_time)
-    return {b: float(np.mean(v)) for b, v in by.items()}
-
-
 def trace_pairs(root: Path) -> None:
-    specs = load_gpu_specs()
-    model = PerformanceModel(specs, load_default_calibration())
+    model = PerformanceModel(load_gpu_specs(), load_default_calibration())
     sets = {name: load_traces(root / name) for name in TRACE_SETS}
     print("\n== single-GPU step on another GPU, predicted from the source's 1-GPU rows ==")
-    for src_name, dst_name in itertools.permutations(sets, 2):
-        src, dst = sets[src_name], sets[dst_name]
-        cluster = Cluster((ClusterGroup(dst.hardware.offer(), 1, 1),))
-        every: list[float] = []
-        cells = []
-        for job in src.rows:
-            if job not in dst.rows:
-                continue
-            profile = coarse_profile(src.models[job], src.single_gpu_rows(job), src.hardware)
-            measured = _single_gpu(dst, job)
-            source_batches = sorted(_single_gpu(src, job))
-            errors = []
-            for batch, step in sorted(measured.items()):
-                if not source_batches[0] <= batch <= source_batches[-1]:
-                    continue  # compare where the source measured too
-                pred = model.predict(profile, cluster, local_batch=batch).step_s
-                errors.append(abs(pred - step) / step)
-            if errors:
-                every.extend(errors)
-                cells.append(f"{job}:{100 * np.median(errors):.0f}")
+    for src, dst in itertools.permutations(sets.values(), 2):
+        per_job = single_gpu_transfer(model, src, dst)
+        every = np.concatenate(list(per_job.values()))
+        cells = " ".join(f"{job}:{100 * np.median(e):.0f}" for job, e in per_job.items())
         print(
             f"{src.hardware.gpu:>16} -> {dst.hardware.gpu:<16} median "
             f"{100 * np.median(every):5.1f} %  p90 {100 * np.quantile(every, 0.9):5.1f} %  "
-            f"({len(every)} rows; per model: {' '.join(cells)})"
+            f"({every.size} rows; per model: {cells})"
         )
 
 

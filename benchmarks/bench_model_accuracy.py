@@ -10,9 +10,9 @@ Prints, measured in this run:
    and the baselines. This is what a user on hardware nobody calibrated gets.
 2. **lomo** and **scale-out** on each set (calibrated on the same hardware).
 3. **Links**: for every trainable catalog instance type, two nodes all-reducing a
-   256 MB gradient under the shipped default calibration: the effective rate per node
-   (bus bytes through the NIC per second) against 30 % of ``min(NIC, 5 Gbps, one TCP
-   flow's cap)``.
+   256 MB gradient under the shipped default calibration: the effective network rate
+   per node and the gradient's size over the all-reduce time (S/T) against 30 % of
+   ``min(NIC, 5 Gbps, one TCP flow's cap)``.
 4. The time of ``predict_batch`` on 500,000 candidates (the planner's budget).
 
 Baselines (per-model medians beside the pooled figure):
@@ -30,7 +30,6 @@ Baselines (per-model medians beside the pooled figure):
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -40,17 +39,8 @@ import numpy as np
 
 from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.candidates import CandidateArrays
-from lightning_srifty.core.cluster import Cluster, ClusterGroup
-from lightning_srifty.core.links import AWS_FLOW_CAP_GBPS
+from lightning_srifty.core.catalog import GpuSpec
 from lightning_srifty.core.perfmodel import PerformanceModel
-from lightning_srifty.core.profile import (
-    BatchPoint,
-    Environment,
-    Memory,
-    Profile,
-    Spread,
-    StepTimes,
-)
 from lightning_srifty.fit.calibration import (
     FitGroup,
     calibrate,
@@ -58,7 +48,7 @@ from lightning_srifty.fit.calibration import (
     fit_group,
     trace_groups,
 )
-from lightning_srifty.fit.validation import split_rows
+from lightning_srifty.fit.validation import split_rows, two_node_network_rates
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
 from lightning_srifty.io.traces import Measurement, TraceSet, load_traces
@@ -123,7 +113,7 @@ def evaluate(
     target: TraceSet,
     rows_of: Callable[[str], list[Measurement]],
     calibration: Calibration,
-    specs: dict[str, object],
+    specs: dict[str, GpuSpec],
     errors: Errors,
 ) -> None:
     """Predicts ``rows_of(model)`` of ``target`` by every method; appends errors."""
@@ -153,12 +143,12 @@ def evaluate(
             "GBR (relative)": one * np.exp(gbr.predict(_relative_features(target, group))),
         }
         book = fit_group(textbook_target, model, rows)
-        out = PerformanceModel(specs, Calibration(TEXTBOOK)).predict_batch(  # type: ignore[arg-type]
+        out = PerformanceModel(specs, Calibration(TEXTBOOK)).predict_batch(
             book.profile, book.candidates, local_batch=book.local_batch
         )
         predictions["textbook ring"] = out.step_s
         for name, cal in (("srifty physics", physics_only), ("srifty", calibration)):
-            model_ = PerformanceModel(specs, cal)  # type: ignore[arg-type]
+            model_ = PerformanceModel(specs, cal)
             out = model_.predict_batch(
                 group.profile, group.candidates, local_batch=group.local_batch
             )
@@ -190,13 +180,13 @@ def print_table(title: str, errors: Errors) -> dict[str, tuple[float, float]]:
 
 
 def unseen_hardware(
-    sets: dict[str, TraceSet], specs: dict[str, object], learned: bool
+    sets: dict[str, TraceSet], specs: dict[str, GpuSpec], learned: bool
 ) -> dict[str, tuple[float, float]]:
     summary = {}
     for held in sets:
         start = time.perf_counter()
         others = [(n, t) for n, t in sets.items() if n != held]
-        cal = calibrate_traces(others, gpu_specs=specs, learned=learned)  # type: ignore[arg-type]
+        cal = calibrate_traces(others, gpu_specs=specs, learned=learned)
         fit_sets = [(t, trace_groups(t)) for _, t in others]
         errors: Errors = {}
         target = sets[held]
@@ -217,63 +207,39 @@ def unseen_hardware(
     return summary
 
 
-def same_hardware(name: str, traces: TraceSet, specs: dict[str, object], protocol: str) -> None:
+def same_hardware(name: str, traces: TraceSet, specs: dict[str, GpuSpec], protocol: str) -> None:
     errors: Errors = {}
     start = time.perf_counter()
     for held in traces.rows:
         fit, target = split_rows(traces, held, protocol)
         if not target:
             continue
-        cal = calibrate(fit, hardware=traces.hardware.describe(), gpu_specs=specs)  # type: ignore[arg-type]
+        cal = calibrate(fit, hardware=traces.hardware.describe(), gpu_specs=specs)
         one_set = replace(traces, rows={held: traces.rows[held]})
         evaluate([(traces, fit)], one_set, lambda m, t=tuple(target): list(t), cal, specs, errors)
     print_table(f"{protocol} on {name} [{time.perf_counter() - start:.0f} s]", errors)
 
 
-def link_floor(specs: dict[str, object]) -> None:
+def link_floor(specs: dict[str, GpuSpec]) -> None:
     """Two nodes of every trainable type all-reducing 256 MB under the default."""
-    catalog = load_catalog("bundled")
-    model = PerformanceModel(specs, load_default_calibration())  # type: ignore[arg-type]
-    size = 256 * 1024**2
-
-    worst: list[tuple[float, str, float, float, float]] = []
-    seen = set()
-    for offer in catalog.gpu_offers():
-        if offer.instance_type in seen:
-            continue
-        seen.add(offer.instance_type)
-        acc = offer.accelerator
-        profile = Profile(
-            kind="coarse",
-            environment=Environment("NVIDIA " + acc, acc, 1, 1, 1, "32-true", 8, "", ""),
-            steps=StepTimes(Spread(0.5, 0.5, 0.5, 10), 0, 0, 0, 0, 0, 10),
-            grad_bytes=size,
-            flops_per_step=0.0,
-            memory=Memory(0, 0, 0, 0, 0, "unknown"),
-            batch_points=(BatchPoint(8, 0.5, 0.5),),
-        )
-        cluster = Cluster((ClusterGroup(offer, 2, offer.accelerator_count),))
-        pred = model.predict(profile, cluster)
-        p = cluster.world_size
-        bus = 2 * (p - 1) / p * size * 8 / pred.allreduce_s / 1e9
-        algorithm = size * 8 / pred.allreduce_s / 1e9
-        links = offer.node_links
-        cap = links.flow_cap_gbps if math.isfinite(links.flow_cap_gbps) else AWS_FLOW_CAP_GBPS
-        floor = 0.3 * min(offer.network_gbps, AWS_FLOW_CAP_GBPS, cap)
-        worst.append((bus / floor, offer.instance_type, bus, algorithm, floor))
-    worst.sort()
+    model = PerformanceModel(specs, load_default_calibration())
+    rates = two_node_network_rates(model, load_catalog("bundled").gpu_offers())
+    rates.sort(key=lambda r: r.algorithm_gbps / r.floor_gbps)
     print("\n=== links: 2 nodes all-reducing 256 MB under the default calibration ===")
     print(f"{'type':<18}{'per-node Gbps':>14}{'S/T Gbps':>10}{'floor':>8}{'ratio':>7}")
-    for ratio, name, bus, algorithm, floor in worst[:8] + worst[-3:]:
-        print(f"{name:<18}{bus:14.2f}{algorithm:10.2f}{floor:8.2f}{ratio:7.1f}")
-    below = [w for w in worst if w[0] < 1.0]
+    for r in rates[:8] + rates[-3:]:
+        print(
+            f"{r.instance_type:<18}{r.per_node_gbps:14.2f}{r.algorithm_gbps:10.2f}"
+            f"{r.floor_gbps:8.2f}{r.algorithm_gbps / r.floor_gbps:7.1f}"
+        )
     print(
-        f"{len(worst)} instance types; {len(below)} below the floor (per-node rate); "
-        f"{sum(1 for w in worst if w[3] < w[4])} below it counting S/T"
+        f"{len(rates)} instance types; "
+        f"{sum(r.per_node_gbps < r.floor_gbps for r in rates)} below the floor (per-node "
+        f"rate); {sum(r.algorithm_gbps < r.floor_gbps for r in rates)} below it counting S/T"
     )
 
 
-def time_predict_batch(traces: TraceSet, specs: dict[str, object], n: int = 500_000) -> None:
+def time_predict_batch(traces: TraceSet, specs: dict[str, GpuSpec], n: int = 500_000) -> None:
     rng = np.random.default_rng(0)
     catalog = load_catalog("bundled")
     offers = list({o.instance_type: o for o in catalog.gpu_offers()}.values())
@@ -291,7 +257,7 @@ def time_predict_batch(traces: TraceSet, specs: dict[str, object], n: int = 500_
     cands.nodes[:, 0] = np.maximum(cands.nodes[:, 0], 1)
     model_name = next(iter(traces.rows))
     group = fit_group(traces, model_name, [r for r in traces.rows[model_name] if r.replicas > 1])
-    model = PerformanceModel(specs, load_default_calibration())  # type: ignore[arg-type]
+    model = PerformanceModel(specs, load_default_calibration())
     text = replace(cands, accelerator=cands.accelerator.astype(str))
     for kind, arrays in (("object", cands), ("str", text)):
         model.predict_batch(group.profile, arrays)
@@ -310,7 +276,7 @@ def main() -> None:
     parser.add_argument("--data-root", type=Path, default=DEFAULT_ROOT)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    specs: dict[str, object] = dict(load_gpu_specs())
+    specs = dict(load_gpu_specs())
     sets = {name: load_traces(args.data_root / name) for name in SETS}
     for name, t in sets.items():
         assert t.hardware.links is not None

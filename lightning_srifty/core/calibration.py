@@ -24,6 +24,8 @@ refit it without one kind of hardware and predict that hardware as unseen.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -341,9 +343,6 @@ def hardware_fingerprint(facts: dict[str, Any]) -> str:
     Free-text notes are left out, so rewording a ``hardware.json`` note does not make
     the same cluster look new.
     """
-    import hashlib
-    import json
-
     keys = ("gpu", "gpu_memory_gib", "gpus_per_node", "intra_node_link", "inter_node_gbps")
     canonical = {k: facts.get(k) for k in keys}
     canonical = {k: (float(v) if isinstance(v, int | float) else v) for k, v in canonical.items()}

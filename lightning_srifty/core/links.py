@@ -252,7 +252,7 @@ def fabric_links(
 
 def loopback_links(interconnect: str, gbps: float) -> NodeLinks:
     """Processes on one machine talking over loopback (gloo): no cap, one socket."""
-    rate = 15.75 if interconnect != "none" else 0.0
+    rate = intra_rate(interconnect, 0.0, None)
     return NodeLinks(interconnect, rate, "tcp", gbps, gbps, 1, math.inf, NCCL_DEFAULT_SOCKETS)
 
 

@@ -448,16 +448,18 @@ def fit_physics(
         if best is None or result.cost < best.cost:
             best, best_algorithm = result, algorithm
     physics, terms = layout.unpack(best.x, best_algorithm)
-    rows_of: dict[tuple[str, str], int] = {}
-    for g in usable:
-        key = (g.model, g.instance_type)
-        rows_of[key] = rows_of.get(key, 0) + g.size
+    # a job's terms count the rows of its hardware, or all its rows where they are shared
     sized = tuple(
-        replace(t, rows=rows_of.get((t.name, t.instance_type), sum(
-            n for (j, _), n in rows_of.items() if j == t.name
-        )))
+        replace(
+            t,
+            rows=sum(
+                g.size
+                for g in usable
+                if g.model == t.name and t.instance_type in ("", g.instance_type)
+            ),
+        )
         for t in terms
-    )  # fmt: skip
+    )
     return physics, sized
 
 

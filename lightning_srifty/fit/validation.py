@@ -14,8 +14,9 @@ A predicted row never enters the fit that predicts it:
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,19 @@ from typing import Any
 import numpy as np
 
 from lightning_srifty.core.calibration import Calibration
-from lightning_srifty.core.catalog import GpuSpec
+from lightning_srifty.core.catalog import GpuSpec, Offer
+from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import CalibrationError
+from lightning_srifty.core.links import AWS_FLOW_CAP_GBPS
 from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.profile import (
+    BatchPoint,
+    Environment,
+    Memory,
+    Profile,
+    Spread,
+    StepTimes,
+)
 from lightning_srifty.fit import PROTOCOLS
 from lightning_srifty.fit.calibration import (
     FitGroup,
@@ -34,7 +45,7 @@ from lightning_srifty.fit.calibration import (
     fit_group,
     trace_groups,
 )
-from lightning_srifty.io.traces import Measurement, TraceSet, load_traces
+from lightning_srifty.io.traces import Measurement, TraceSet, coarse_profile, load_traces
 
 
 @dataclass(frozen=True)
@@ -223,3 +234,84 @@ def summarise(results: Sequence[HeldOutResult], protocol: str) -> dict[str, Any]
             ),
         },
     }
+
+
+def _single_gpu_steps(traces: TraceSet, model: str) -> dict[int, float]:
+    """Mean measured one-GPU step per local batch."""
+    by: dict[int, list[float]] = {}
+    for r in traces.single_gpu_rows(model):
+        by.setdefault(r.local_bsz, []).append(r.step_time)
+    return {b: float(np.mean(v)) for b, v in by.items()}
+
+
+def single_gpu_transfer(
+    model: PerformanceModel, source: TraceSet, target: TraceSet
+) -> dict[str, np.ndarray]:
+    """Cross-GPU check: each job's one-GPU step on ``target``'s hardware predicted from
+    ``source``'s one-GPU rows alone (its coarse profile on a one-GPU cluster of the
+    target), at every local batch both measured; absolute relative error per job."""
+    cluster = Cluster((ClusterGroup(target.hardware.offer(), 1, 1),))
+    out = {}
+    for job in source.rows:
+        if job not in target.rows:
+            continue
+        profile = coarse_profile(source.models[job], source.single_gpu_rows(job), source.hardware)
+        measured = _single_gpu_steps(target, job)
+        lo, hi = min(_single_gpu_steps(source, job)), max(_single_gpu_steps(source, job))
+        errors = [
+            abs(model.predict(profile, cluster, local_batch=batch).step_s - step) / step
+            for batch, step in sorted(measured.items())
+            if lo <= batch <= hi  # compare where the source measured too
+        ]
+        if errors:
+            out[job] = np.asarray(errors)
+    return out
+
+
+@dataclass(frozen=True)
+class NetworkRate:
+    """Two nodes of one instance type all-reducing a gradient, as the model predicts."""
+
+    instance_type: str
+    per_node_gbps: float
+    """The effective network rate per node the model uses (links and efficiency)."""
+    algorithm_gbps: float
+    """The gradient's size over the all-reduce time (S/T)."""
+    floor_gbps: float
+    """30 % of ``min(NIC, 5 Gbps, one TCP flow's cap)``: what one flow reaches anywhere."""
+
+
+def two_node_network_rates(
+    model: PerformanceModel, offers: Iterable[Offer], grad_bytes: int = 256 * 1024**2
+) -> list[NetworkRate]:
+    """The network rate every instance type gets under ``model``, two nodes of it
+    all-reducing ``grad_bytes`` (one entry per type, in the order first seen)."""
+    out: list[NetworkRate] = []
+    seen: set[str] = set()
+    for offer in offers:
+        if offer.instance_type in seen:
+            continue
+        seen.add(offer.instance_type)
+        acc = offer.accelerator
+        profile = Profile(
+            kind="coarse",
+            environment=Environment("NVIDIA " + acc, acc, 1, 1, 1, "32-true", 8, "", ""),
+            steps=StepTimes(Spread(0.5, 0.5, 0.5, 10), 0, 0, 0, 0, 0, 10),
+            grad_bytes=grad_bytes,
+            flops_per_step=0.0,
+            memory=Memory(0, 0, 0, 0, 0, "unknown"),
+            batch_points=(BatchPoint(8, 0.5, 0.5),),
+        )
+        cluster = Cluster((ClusterGroup(offer, 2, offer.accelerator_count),))
+        pred = model.predict(profile, cluster)
+        cap = offer.node_links.flow_cap_gbps
+        cap = cap if math.isfinite(cap) else AWS_FLOW_CAP_GBPS
+        out.append(
+            NetworkRate(
+                offer.instance_type,
+                per_node_gbps=pred.inter_bytes_s * 8 / 1e9,
+                algorithm_gbps=grad_bytes * 8 / pred.allreduce_s / 1e9,
+                floor_gbps=0.3 * min(offer.network_gbps, AWS_FLOW_CAP_GBPS, cap),
+            )
+        )
+    return out

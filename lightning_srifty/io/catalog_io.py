@@ -497,21 +497,9 @@ def _positive(row: Mapping[str, str], column: str, line: int, label: str) -> flo
 
 def _optional_number(row: Mapping[str, str], column: str, line: int, label: str) -> float:
     """A non-negative number, 0 where the column is absent or the cell empty."""
-    text = (row.get(column) or "").strip()
-    if not text:
+    if not (row.get(column) or "").strip():
         return 0.0
-    try:
-        value = float(text)
-    except ValueError:
-        raise CatalogError(
-            f"line {line}: column '{column}' is not a number: {text!r}", source=label
-        ) from None
-    if not math.isfinite(value) or value < 0:
-        raise CatalogError(
-            f"line {line}: column '{column}' must be a non-negative number, got {text!r}",
-            source=label,
-        )
-    return value
+    return _number(row, column, line, label) or 0.0
 
 
 def _flag(row: Mapping[str, str], column: str, line: int, label: str) -> bool:

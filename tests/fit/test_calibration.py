@@ -28,12 +28,7 @@ from lightning_srifty.fit.calibration import (
     trace_groups,
 )
 from lightning_srifty.io.traces import TraceSet, load_traces
-from tests.io.test_traces import PLANTED, write_synthetic_traces
-
-
-@pytest.fixture(scope="module")
-def synthetic(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
-    return load_traces(write_synthetic_traces(tmp_path_factory.mktemp("traces"), noise=0.02))
+from tests.io.test_traces import PLANTED, scaled, write_synthetic_traces
 
 
 @pytest.fixture(scope="module")
@@ -81,24 +76,13 @@ def test_every_constant_has_physical_bounds_and_a_named_source() -> None:
         assert PRIORS[name].high <= 1.0  # no transport beats its line rate
 
 
-def _scaled(traces: TraceSet, model: str, keep: object, factor: float) -> TraceSet:
-    rows = dict(traces.rows)
-    rows[model] = tuple(
-        dataclasses.replace(r, step_time=r.step_time * factor, sync_time=r.sync_time * factor)
-        if keep(r)  # type: ignore[operator]
-        else r
-        for r in traces.rows[model]
-    )
-    return dataclasses.replace(traces, rows=rows)
-
-
 def test_correction_is_kept_when_it_carries_over_to_jobs_it_did_not_see(
     synthetic: TraceSet,
 ) -> None:
     # an effect the physics lacks, alike in every job: 3+ node steps 30 % slower
     bent = synthetic
     for model in synthetic.rows:
-        bent = _scaled(bent, model, lambda r: r.nodes >= 3, 1.3)
+        bent = scaled(bent, model, lambda r: r.nodes >= 3, 1.3)
     cal = calibrate(trace_groups(bent))
     assert cal.correction is not None
     plain = dataclasses.replace(cal, correction=None)

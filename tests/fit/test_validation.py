@@ -6,7 +6,6 @@ real measurements is in ``tests/fit/test_real_accuracy.py``.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -23,23 +22,7 @@ from lightning_srifty.fit.validation import (
     unseen_hardware_calibration,
 )
 from lightning_srifty.io.traces import TraceSet, load_traces
-from tests.io.test_traces import write_synthetic_traces
-
-
-@pytest.fixture(scope="module")
-def synthetic(tmp_path_factory: pytest.TempPathFactory) -> TraceSet:
-    return load_traces(write_synthetic_traces(tmp_path_factory.mktemp("traces"), noise=0.02))
-
-
-def _scaled(traces: TraceSet, model: str, keep: object, factor: float) -> TraceSet:
-    rows = dict(traces.rows)
-    rows[model] = tuple(
-        dataclasses.replace(r, step_time=r.step_time * factor, sync_time=r.sync_time * factor)
-        if keep(r)  # type: ignore[operator]
-        else r
-        for r in traces.rows[model]
-    )
-    return dataclasses.replace(traces, rows=rows)
+from tests.io.test_traces import scaled, write_synthetic_traces
 
 
 @pytest.mark.parametrize(
@@ -51,14 +34,14 @@ def test_held_out_rows_never_reach_the_fit(
 ) -> None:
     base = cross_validate(synthetic, protocol, models=["beta"], learned=False)[0]
     perturbed = cross_validate(
-        _scaled(synthetic, "beta", held, 3.0), protocol, models=["beta"], learned=False
+        scaled(synthetic, "beta", held, 3.0), protocol, models=["beta"], learned=False
     )[0]
     assert perturbed.predicted_s.tolist() == base.predicted_s.tolist()
     assert perturbed.high_s.tolist() == base.high_s.tolist()
     # ...while the held-out truth did change, and training rows do matter:
     assert float(np.median(perturbed.ape)) > 0.5
     trained = cross_validate(
-        _scaled(synthetic, "alpha", held, 3.0), protocol, models=["beta"], learned=False
+        scaled(synthetic, "alpha", held, 3.0), protocol, models=["beta"], learned=False
     )[0]
     assert trained.predicted_s.tolist() != base.predicted_s.tolist()
 
@@ -102,7 +85,7 @@ def test_unseen_hardware_refits_without_any_row_of_that_hardware(
         a, "unseen-hardware", base=base, data_root=root, models=["beta"], learned=False
     )[0]
     # tripling every row of kind-a changes nothing the refit saw...
-    tripled = _scaled(a, "beta", lambda r: r.replicas > 1, 3.0)
+    tripled = scaled(a, "beta", lambda r: r.replicas > 1, 3.0)
     again = cross_validate(
         tripled, "unseen-hardware", base=base, data_root=root, models=["beta"], learned=False
     )[0]

@@ -2,14 +2,17 @@
 
 Also home of :func:`write_synthetic_traces`, a small trace folder whose step times
 follow planted hardware constants (an independent re-statement of the textbook
-formulas), so calibration tests can check the constants come back.
+formulas), so calibration tests can check the constants come back, and of
+:func:`scaled`, which perturbs some rows of a trace set.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,8 @@ import pytest
 from lightning_srifty.core.errors import TraceError
 from lightning_srifty.core.profile import BatchPoint
 from lightning_srifty.io.traces import (
+    Measurement,
+    TraceSet,
     coarse_profile,
     load_traces,
     placement_cluster,
@@ -110,6 +115,21 @@ def write_synthetic_traces(
                     sync = max(step - (alpha + beta * b), 0.0)
                     w.writerow([placement, b, step, min(sync, step)])
     return root
+
+
+def scaled(
+    traces: TraceSet, model: str, keep: Callable[[Measurement], bool], factor: float
+) -> TraceSet:
+    """``traces`` with the step and sync times of ``model``'s rows that ``keep`` picks
+    multiplied by ``factor`` (to show which rows a fit or a prediction depends on)."""
+    rows = dict(traces.rows)
+    rows[model] = tuple(
+        dataclasses.replace(r, step_time=r.step_time * factor, sync_time=r.sync_time * factor)
+        if keep(r)
+        else r
+        for r in traces.rows[model]
+    )
+    return dataclasses.replace(traces, rows=rows)
 
 
 # ---------------------------------------------------------------- real data

@@ -66,6 +66,7 @@ from lightning_srifty.capture.checkpointing import (
 )
 from lightning_srifty.capture.environment import accelerator_from_device_name, detect_placement
 from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings
+from lightning_srifty.capture.script_facts import facts_for
 from lightning_srifty.capture.timing import (
     BucketAccumulator,
     BucketEvent,
@@ -701,6 +702,7 @@ class SriftyCallback(pl.Callback):
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             dataset_size=_samples_per_epoch(trainer, self._local_batch_size),
             trainer_limits=_trainer_limits(trainer, micro),
+            script=facts_for(trainer),
         )
 
     def _environment(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Environment:

@@ -133,9 +133,10 @@ class LaunchSession:
     def _check_world_size(self, trainer: pl.Trainer) -> None:
         """Stops a job whose Trainer does not run the processes the launcher started.
 
-        The launcher sets ``devices``/``num_nodes``/``strategy`` through ``PL_TRAINER_*``;
-        a script that passes them itself overrides that, and each torchrun process would
-        otherwise train alone as world size 1, racing the others to the checkpoints.
+        The launcher sets ``devices``/``num_nodes``/``strategy`` through ``PL_TRAINER_*``
+        and plans around what a script fixes itself (recorded when it was profiled); a
+        script whose own values the plan did not know overrides them, and each torchrun
+        process would train alone as world size 1, racing the others to the checkpoints.
         """
         expected = self.settings.world_size
         seen = int(trainer.world_size)
@@ -143,9 +144,10 @@ class LaunchSession:
             return
         message = (
             f"SriftyCallback: srifty-launch started {expected} processes for this plan but the "
-            f"Trainer runs world size {seen}; remove devices=, num_nodes= and strategy= from "
-            "Trainer(...) so the launcher can set them (PL_TRAINER_DEVICES, "
-            "PL_TRAINER_NUM_NODES, PL_TRAINER_STRATEGY)"
+            f"Trainer runs world size {seen}: the script's own devices=, num_nodes= or "
+            "strategy= were not known when the plan was made (a reused --profile, or a "
+            "Trainer built where the profiling run could not see it); launch again without "
+            "--profile so the plan keeps them, or remove them from Trainer(...)"
         )
         if self.settings.state_dir is not None:
             self.settings.state_dir.mkdir(parents=True, exist_ok=True)

@@ -176,6 +176,9 @@ class ModelFacts:
     """Samples one epoch consumes across all ranks (for ``--epochs`` targets), if known."""
     trainer_limits: dict[str, Any] | None = None
     """The script's own ``max_steps``/``max_epochs`` and optimizer steps per epoch."""
+    script: dict[str, Any] | None = None
+    """What the script fixes in ``Trainer(...)`` and how it builds it (LightningCLI or
+    not), when the launcher's profiling run recorded it."""
 
 
 def ancestors(name: str) -> list[str]:
@@ -402,6 +405,8 @@ def _extra(facts: ModelFacts) -> dict[str, Any]:
         extra["dataset_size"] = facts.dataset_size
     if facts.trainer_limits:
         extra["trainer"] = dict(facts.trainer_limits)
+    if facts.script is not None:
+        extra["script"] = dict(facts.script)
     return extra
 
 

@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--setup", help="sky backends: extra node setup commands (shell)")
     p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        help="give up after this many attempts (default: no cap; a run also stops after 20 "
+        "attempts in a row without a new step)",
+    )
+    p.add_argument(
         "--no-refine",
         action="store_true",
         help="do not re-plan on the running job's measured steps (live refinement)",
@@ -229,6 +236,7 @@ def options_from_args(
         keep_clusters=args.keep_clusters,
         setup=args.setup,
         refine=not args.no_refine,
+        max_attempts=args.max_attempts,
     )
 
 

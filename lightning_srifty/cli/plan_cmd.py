@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import textwrap
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_srifty.core.catalog import GpuSpec, Offer
+from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.planner import (
     DEFAULT_RESTART_DELAY_H,
@@ -21,6 +23,7 @@ from lightning_srifty.core.planner import (
     plan_pinned,
     result_to_dict,
 )
+from lightning_srifty.core.script_trainer import ScriptTrainer
 from lightning_srifty.core.units import (
     format_hours,
     format_money,
@@ -52,7 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def add_planning_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that describe what to plan for; shared by ``srifty plan`` and ``srifty-launch``."""
     target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--target-steps", type=int, help="optimizer steps to train")
+    target.add_argument(
+        "--target-steps",
+        type=int,
+        help="steps to train, counted as the profile ran them (batches of the training loop "
+        "on the profiled processes); the same samples on any cluster",
+    )
     target.add_argument("--epochs", type=float, help="epochs to train (needs a dataset size)")
     p.add_argument("--dataset-size", type=int, help="samples per epoch (with --epochs)")
     p.add_argument("--deadline", help="finish within, e.g. 10h, 90m, 2d")
@@ -143,6 +151,8 @@ def plan_from_args(
 
         _pyplot()  # fail before the work when matplotlib is missing
     profile = load_profile(args.profile)
+    script = ScriptTrainer.of(profile)
+    request = script.constrain(request)
     calibration = calibration_or_default(args.calibration)
     if offers is None:
         offers, specs = load_offers(args.catalog, profile.environment.accelerator)
@@ -151,17 +161,26 @@ def plan_from_args(
     model = PerformanceModel(specs, calibration)
     if getattr(args, "cluster", None):
         pinned = parse_pinned(args.cluster)
-        return plan_pinned(profile, offers, model, request, pinned), request
-    return plan(profile, offers, model, request), request
+        result = plan_pinned(profile, offers, model, request, pinned)
+    else:
+        result = plan(profile, offers, model, request)
+    notes = tuple(script.notes())
+    return dataclasses.replace(result, notes=(*notes, *result.notes)), request
 
 
 def _gain(base: float, best: float, unit: str) -> str:
-    """What plan #1 saves over a baseline, with the share of the baseline's figure."""
+    """What plan #1 gains over a baseline, in words: ``saves $2.10 (38%)``, ``costs
+    $0.40 more (12%)``, ``same``. A difference that rounds to nothing is ``same``; the
+    share of the baseline's figure is shown only when it is at least 1 %."""
     diff = base - best
-    share = f" ({diff / base:+.0%})" if base > 0 and math.isfinite(base) else ""
-    if unit == "$":
-        return f"{'+' if diff >= 0 else '-'}{format_money(abs(diff))}{share}"
-    return f"{'+' if diff >= 0 else '-'}{format_hours(abs(diff))}{share}"
+    text = format_money(abs(diff)) if unit == "$" else format_hours(abs(diff))
+    if not math.isfinite(diff) or text in ("$0.00", "0 s", "$0"):
+        return "same" if math.isfinite(diff) else "—"
+    share = abs(diff) / base if base > 0 and math.isfinite(base) else 0.0
+    pct = f" ({share:.0%})" if share >= 0.01 else ""
+    if diff > 0:
+        return f"saves {text}{pct}"
+    return f"{text} more{pct}" if unit == "$" else f"{text} longer{pct}"
 
 
 def _title(request: PlanRequest) -> str:
@@ -193,8 +212,8 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
             f"{gpus} GPU{'s' if gpus != 1 else ''}{odds}"
         )
         lines.append(
-            f"    step {format_seconds(p.step_s)} ±{format_seconds(spread)}, "
-            f"{format_hours(p.time_to_target_h)} to target, {format_money(p.cost_usd)} "
+            f"    step {format_seconds(p.step_s)} ±{format_seconds(spread)} on batch "
+            f"{_batch(p)}, {format_hours(p.time_to_target_h)}, {format_money(p.cost_usd)} "
             f"({format_money(p.hourly_usd)}/h)"
         )
     best = result.best
@@ -206,10 +225,18 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
         hours = _gain(b.time_to_target_h, best.time_to_target_h, "h")
         lines.append(
             f"    {format_hours(b.time_to_target_h)}, {format_money(b.cost_usd)}; "
-            f"plan #1 saves {money} and {hours}"
+            f"plan #1: money {money}, time {hours}"
         )
     lines.extend(textwrap.wrap(_searched(result), width=width))
     return lines
+
+
+def _batch(p: Plan) -> str:
+    """``32x8=256``: the per-process batch, the processes, the global batch of a step."""
+    gpus = p.cluster.world_size
+    if p.per_process_batch <= 0:
+        return str(p.global_batch)
+    return f"{p.per_process_batch}x{gpus}={p.global_batch}"
 
 
 def _searched(result: PlanResult) -> str:
@@ -235,7 +262,8 @@ def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -
     table = Table(title=title)
     for name, justify in (
         ("#", "right"), ("cluster", "left"), ("market", "left"), ("region/zone", "left"),
-        ("GPUs", "right"), ("step time", "right"), ("time to target", "right"),
+        ("GPUs", "right"), ("batch/GPU x GPUs", "right"), ("step time", "right"),
+        ("time to target", "right"),
         ("expected cost", "right"), ("$/h", "right"), ("P(deadline)", "right"),
     ):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -248,6 +276,7 @@ def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -
             "spot" if p.use_spot else "on-demand",
             zones,
             str(p.cluster.world_size),
+            _batch(p),
             f"{format_seconds(p.step_s)} ± {format_seconds(spread)}",
             format_hours(p.time_to_target_h),
             format_money(p.cost_usd),
@@ -257,7 +286,7 @@ def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -
     console.print(table)
     best = result.best
     base_table = Table(title="baselines (gain of plan #1 over each)")
-    for name in ("baseline", "cluster", "time to target", "cost", "plan #1 saves", "time saved"):
+    for name in ("baseline", "cluster", "time to target", "cost", "plan #1: money", "time"):
         base_table.add_column(name)
     for b in result.baselines:
         base_table.add_row(

@@ -11,6 +11,7 @@ from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, parse_placement
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
+from lightning_srifty.core.planner import per_batch, predict_per_step
 from lightning_srifty.core.profile import Profile
 
 
@@ -31,8 +32,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--cluster", metavar="TYPE:N", help="N nodes of instance TYPE")
     p.add_argument("--placement", help="GPUs used per node, one digit each, e.g. 4444")
     batch = p.add_mutually_exclusive_group()
-    batch.add_argument("--local-bsz", type=int, help="samples per GPU per step")
-    batch.add_argument("--global-bsz", type=int, help="samples per step, split by speed")
+    batch.add_argument(
+        "--local-bsz",
+        type=int,
+        help="samples per process per step (default: the profile's own batch, which every "
+        "process of a Lightning DDP job keeps)",
+    )
+    batch.add_argument(
+        "--global-bsz",
+        type=int,
+        help="what-if: samples per step split across GPUs by speed (srifty-launch never "
+        "splits a script's batch)",
+    )
     p.add_argument(
         "--calibration",
         help="calibration JSON from `srifty calibrate` (default: the one shipped, fitted on "
@@ -131,10 +142,17 @@ def predict_from_args(args: argparse.Namespace) -> tuple[Prediction, Cluster, Pr
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer")
     model = PerformanceModel(specs, calibration)
+    k = profile.environment.accumulate_grad_batches
+    if args.local_bsz is None and args.global_bsz is None:
+        return predict_per_step(model, profile, cluster), cluster, profile
+    # the model prices an optimizer update of k batches; the CLI speaks in batches
     prediction = model.predict(
-        profile, cluster, local_batch=args.local_bsz, global_batch=args.global_bsz
+        profile,
+        cluster,
+        local_batch=None if args.local_bsz is None else args.local_bsz * k,
+        global_batch=None if args.global_bsz is None else args.global_bsz * k,
     )
-    return prediction, cluster, profile
+    return per_batch(prediction, k), cluster, profile
 
 
 def prediction_dict(prediction: Prediction, cluster: Cluster, profile: Profile) -> dict[str, Any]:
@@ -162,6 +180,31 @@ def _finite(value: float) -> float | None:
     return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
+def prediction_rows(
+    prediction: Prediction, cluster: Cluster, data: dict[str, Any]
+) -> list[tuple[str, str]]:
+    """(quantity, value) rows, shared by the terminal table and the plain lines."""
+    rows = [
+        ("step time", f"{prediction.step_s:.4f} s"),
+        ("interval", f"{prediction.low_s:.4f} - {prediction.high_s:.4f} s"),
+        ("compute (slowest group)", f"{prediction.compute_s:.4f} s"),
+        ("exposed communication", f"{prediction.comm_s:.4f} s"),
+        ("all-reduce (total)", f"{prediction.allreduce_s:.4f} s"),
+        ("batch per process", ", ".join(str(b) for b in prediction.local_batch)),
+        ("global batch", str(prediction.global_batch)),
+        ("GPUs", str(cluster.world_size)),
+    ]
+    if data["effective_network_gbps"] is not None and cluster.nodes > 1:
+        rows.append(("network (effective)", f"{data['effective_network_gbps']:.2f} Gbps"))
+    if (
+        data["effective_intra_gbytes_s"] is not None
+        and max(g.gpus_per_node for g in cluster.groups) > 1
+    ):
+        rows.append(("GPU link (effective)", f"{data['effective_intra_gbytes_s']:.1f} GB/s"))
+    rows.extend(("links", text) for text in dict.fromkeys(data["links"]))
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     prediction, cluster, profile = predict_from_args(args)
     data = prediction_dict(prediction, cluster, profile)
@@ -171,25 +214,19 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"srifty predict: {data['model'] or 'profile'} on {data['cluster']}")
+    title = f"srifty predict: {data['model'] or 'profile'} on {data['cluster']}"
+    rows = prediction_rows(prediction, cluster, data)
+    console = Console()
+    if not console.is_terminal:
+        # a pipe or a log: plain lines, no box drawing
+        print(title)
+        for name, value in rows:
+            print(f"  {name}: {value}")
+        return 0
+    table = Table(title=title)
     table.add_column("quantity")
     table.add_column("value", justify="right")
-    table.add_row("step time", f"{prediction.step_s:.4f} s")
-    table.add_row("interval", f"{prediction.low_s:.4f} – {prediction.high_s:.4f} s")
-    table.add_row("compute (slowest group)", f"{prediction.compute_s:.4f} s")
-    table.add_row("exposed communication", f"{prediction.comm_s:.4f} s")
-    table.add_row("all-reduce (total)", f"{prediction.allreduce_s:.4f} s")
-    table.add_row("local batch per group", ", ".join(str(b) for b in prediction.local_batch))
-    table.add_row("global batch", str(prediction.global_batch))
-    table.add_row("GPUs", str(cluster.world_size))
-    if data["effective_network_gbps"] is not None and cluster.nodes > 1:
-        table.add_row("network (effective)", f"{data['effective_network_gbps']:.2f} Gbps")
-    if (
-        data["effective_intra_gbytes_s"] is not None
-        and max(g.gpus_per_node for g in cluster.groups) > 1
-    ):
-        table.add_row("GPU link (effective)", f"{data['effective_intra_gbytes_s']:.1f} GB/s")
-    for text in dict.fromkeys(data["links"]):
-        table.add_row("links", text)
-    Console().print(table)
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
     return 0

@@ -199,6 +199,10 @@ class PhysicsConstants:
         )
 
 
+EVERY_ACCELERATOR = "*"
+"""``JobTerms.accelerator`` for a compute scale that holds on every GPU type."""
+
+
 @dataclass(frozen=True)
 class JobTerms:
     """One job's own overlap and co-location terms, fitted from its own multi-GPU rows.
@@ -226,7 +230,8 @@ class JobTerms:
     """Measured over predicted compute of the job on ``accelerator``: what a run of the
     job on that GPU showed that the roofline transfer did not (live refinement)."""
     accelerator: str = ""
-    """The GPU ``compute_scale`` was measured on (empty: none)."""
+    """The GPU ``compute_scale`` applies to (empty: none; :data:`EVERY_ACCELERATOR`: all
+    of them, when one measurement cannot tell the GPU's share from the job's)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

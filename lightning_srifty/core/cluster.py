@@ -73,10 +73,13 @@ class Plan:
     cluster: Cluster
     use_spot: bool
     step_s: float
+    """Seconds per step: one batch of the training loop on every process."""
     step_low_s: float
     step_high_s: float
     global_batch: int
+    """Samples per step across the cluster (the per-process batch times the GPUs)."""
     steps_to_target: int
+    """Steps on this cluster to the target (the same samples on any cluster)."""
     time_to_target_h: float
     """Expected wall time including preemption overheads for spot plans."""
     cost_usd: float
@@ -86,3 +89,5 @@ class Plan:
     checkpoint_interval_s: float | None = None
     preemptions_per_hour: float = 0.0
     label: str = ""
+    per_process_batch: int = 0
+    """Samples per step on each process: the script's own batch (0: not recorded)."""

@@ -8,6 +8,7 @@ through environment variables (launcher → job) and a JSON-lines progress file
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +51,14 @@ PREEMPTED_MARKER = "preempted"
 """Written after an emergency checkpoint on a preemption notice."""
 FAILURE_MARKER = "failure"
 """Written by the callback with a one-line reason before it stops a misconfigured run."""
+NO_CALLBACK_MARKER = "no-callback"
+"""Written by the profiling run when ``Trainer.fit`` starts without the callback."""
+NO_CALLBACK_EXIT_CODE = 3
+NO_CALLBACK_MESSAGE = (
+    "the script's Trainer has no SriftyCallback: add `from lightning_srifty import "
+    "SriftyCallback` and `Trainer(callbacks=[SriftyCallback()])`; nothing was trained"
+)
+"""The profiling run's exit status when the script's Trainer has no callback."""
 PREEMPTED_EXIT_CODE = 75
 """The job's exit status after an emergency checkpoint (``EX_TEMPFAIL``: try again)."""
 
@@ -78,6 +87,24 @@ def trainer_env(*, nodes: int, devices_per_node: int, root_dir: str | None) -> d
     if nodes * devices_per_node > 1:
         env[f"{TRAINER_ENV_PREFIX}STRATEGY"] = "ddp"
     return env
+
+
+def lightning_cli_args(env: Mapping[str, str], *, keep: Collection[str] = ()) -> list[str]:
+    """The ``PL_TRAINER_*`` settings of ``env`` as LightningCLI arguments.
+
+    LightningCLI passes every ``Trainer`` argument explicitly, so the environment
+    defaults never reach it; ``--trainer.devices=2`` (after the script's own arguments,
+    so they win over its config files) does. Arguments in ``keep`` are the script's
+    own (its config sets them) and are left alone.
+    """
+    out = []
+    for key, value in env.items():
+        if not key.startswith(TRAINER_ENV_PREFIX):
+            continue
+        name = key[len(TRAINER_ENV_PREFIX) :].lower()
+        if name not in keep:
+            out.append(f"--trainer.{name}={value}")
+    return out
 
 
 PROGRESS_EVENTS = ("start", "resumed", "step", "checkpoint", "profile-done", "done", "preempted")

@@ -79,6 +79,32 @@ def mean_step_time(events: Sequence[ProgressEvent]) -> float | None:
     return total_s / steps if steps else None
 
 
+WARMUP_REPORTS = 2
+"""Step reports of an attempt left out of its steady step time: the first ones carry
+restoring the checkpoint, process-group set-up, data-loader workers starting and the
+first, slow iterations."""
+STEADY_MIN_REPORTS = 3
+
+
+def steady_step_time(
+    events: Sequence[ProgressEvent], *, warmup_reports: int = WARMUP_REPORTS
+) -> float | None:
+    """The current attempt's step time after warm-up: the median of its step reports,
+    its first ``warmup_reports`` left out (``None`` until enough remain).
+
+    Unlike :func:`mean_step_time`, start-up time cannot leak in: a job whose true step is
+    0.3 s reads 0.3 s however long it took to start.
+    """
+    attempts = _attempts(events)
+    if not attempts:
+        return None
+    reports = [e.step_s for e in attempts[-1] if e.event == "step" and e.step_s > 0]
+    steady = reports[warmup_reports:]
+    if len(steady) < STEADY_MIN_REPORTS:
+        return None
+    return float(statistics.median(steady))
+
+
 def _attempts(events: Sequence[ProgressEvent]) -> list[list[ProgressEvent]]:
     """Events split where an attempt starts (events before any start are dropped)."""
     out: list[list[ProgressEvent]] = []

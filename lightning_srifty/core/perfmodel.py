@@ -38,7 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_srifty.core.calibration import Calibration, Correction, PhysicsConstants
+from lightning_srifty.core.calibration import (
+    EVERY_ACCELERATOR,
+    Calibration,
+    Correction,
+    PhysicsConstants,
+)
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
 from lightning_srifty.core.catalog import (
     GpuSpec,
@@ -385,7 +390,9 @@ class PerformanceModel:
             ratio[mask] = np.nan if r is None else r
         known = ~np.isnan(ratio) | ~present
         if job is not None and job.accelerator and job.compute_scale != 1.0:
-            measured_on = np.asarray(cand.accelerator) == job.accelerator
+            measured_on = (np.asarray(cand.accelerator) == job.accelerator) | (
+                job.accelerator == EVERY_ACCELERATOR
+            )
             ratio = np.where(measured_on & present, ratio * job.compute_scale, ratio)
         colocation = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
         host = self.host_share(profile)

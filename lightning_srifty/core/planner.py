@@ -18,12 +18,17 @@ The performance model does not depend on region, zone or market, so it is evalua
 once per distinct (type, nodes) and (type pair, split), then broadcast to all units: a
 few hundred thousand candidates cost one vectorised model call each for the two shapes.
 
-Batch semantics. With gradient statistics in the profile (``stat_efficiency``) each GPU
-keeps the profiled local batch, the global batch grows with the cluster and the steps to
-the target are rescaled by :func:`lightning_srifty.core.stateff.steps_to_target`.
-Without them the global batch is fixed at the profile's (local batch × world size) and
-split across GPUs by speed, so the target's step count stays exact; clusters with more
-GPUs than samples per step are skipped.
+Batch semantics: the batch that runs. Lightning's DDP keeps the script's
+``DataLoader(batch_size=b)`` on every process, so on ``W`` processes a step (one batch of
+the training loop on each process) consumes ``b·W`` samples; the launcher never splits a
+batch. The planner prices exactly that: every GPU of every candidate runs the profiled
+per-process batch (groups of a two-type mix too: the slowest group paces the step), and
+a target given in steps at the profiled scale (``W0`` processes) means the same number of
+samples everywhere, ``ceil(steps0·W0/W)`` steps on ``W`` processes. With gradient
+statistics in the profile (``stat_efficiency``) the steps are rescaled further by
+:func:`lightning_srifty.core.stateff.steps_to_target` (a larger global batch needs more
+samples for the same progress). The model prices an optimizer update (``k`` batches
+under ``accumulate_grad_batches=k``); plans report seconds per batch.
 
 Spot risk. A gang of ``n`` nodes is preempted ``n`` times as often as one node, at the
 rate of the zone's Spot Advisor band (:func:`band_hourly_rate`). The job checkpoints at
@@ -47,7 +52,7 @@ from lightning_srifty.core.catalog import Offer, band_hourly_rate
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.errors import ConfigError, InfeasibleError
 from lightning_srifty.core.links import NodeLinks
-from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.stateff import steps_to_target as stateff_steps
 
@@ -75,7 +80,7 @@ class PlanRequest:
     """What the user asked for: the target, the constraints and the search limits."""
 
     target_steps: int | None = None
-    """Optimizer steps at the profile's global batch."""
+    """Steps (batches of the training loop on each process) at the profiled world size."""
     epochs: float | None = None
     dataset_size: int | None = None
     """Samples per epoch; falls back to ``profile.extra["dataset_size"]``."""
@@ -97,6 +102,11 @@ class PlanRequest:
     min_deadline_probability: float = 0.9
     """A spot plan meets the deadline only if it does so with at least this probability."""
     top_k: int = 10
+    gpus_per_node: int | None = None
+    """Processes per node the script fixes itself (``Trainer(devices=N)``): only nodes
+    with at least N GPUs, using N of them."""
+    num_nodes: int | None = None
+    """Nodes the script fixes itself (``Trainer(num_nodes=N)``): exactly N."""
 
     def __post_init__(self) -> None:
         if (self.target_steps is None) == (self.epochs is None):
@@ -127,6 +137,13 @@ class PlanRequest:
             raise ConfigError("both spot and on-demand are disabled: nothing to plan")
         if any(n < 1 for n in self.mix_node_counts):
             raise ConfigError("mix node counts must be >= 1")
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise ConfigError(f"GPUs per node must be >= 1, got {self.gpus_per_node}")
+        if self.num_nodes is not None and not 1 <= self.num_nodes <= self.max_nodes:
+            raise ConfigError(
+                f"the script's num_nodes={self.num_nodes} is outside 1..--max-nodes "
+                f"{self.max_nodes}"
+            )
 
 
 @dataclass(frozen=True)
@@ -157,8 +174,8 @@ class PlanResult:
     """(hours, dollars) of the feasible Pareto front, fastest first."""
     space: SearchSpace
     target_steps_at_base: int
-    base_global_batch: int
-    fixed_global_batch: bool
+    """The target in steps at the profiled world size."""
+    batch: BatchSemantics
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -415,12 +432,19 @@ class _Units:
     region: np.ndarray
     type_offers: tuple[Offer, ...]
     """One representative offer per distinct instance type (hardware facts)."""
+    per_node: int | None = None
+    """GPUs each node runs when the script fixes ``devices`` (all of them otherwise)."""
+
+    def gpus_used(self, offer: Offer) -> int:
+        return offer.accelerator_count if self.per_node is None else self.per_node
 
 
 def _eligible(offer: Offer, request: PlanRequest, profiled_on: str) -> bool:
     if offer.accelerator_count < 1 or not offer.accelerator or offer.accelerator_fraction < 1:
         return False
     if offer.accelerator in NON_GPU_ACCELERATORS and offer.accelerator != profiled_on:
+        return False
+    if request.gpus_per_node is not None and offer.accelerator_count < request.gpus_per_node:
         return False
     if request.regions and offer.region not in request.regions:
         return False
@@ -467,15 +491,23 @@ def build_units(offers: Sequence[Offer], request: PlanRequest, profiled_on: str)
         type_index=np.array([type_pos[k[0]] for k in keys], dtype=np.int64),
         region=np.array([k[1] for k in keys], dtype=object),
         type_offers=tuple(first[name] for name in type_names),
+        per_node=request.gpus_per_node,
     )
 
 
 def _candidate_arrays(
-    type_offers: Sequence[Offer], types: np.ndarray, nodes: np.ndarray
+    type_offers: Sequence[Offer],
+    types: np.ndarray,
+    nodes: np.ndarray,
+    per_node: int | None = None,
 ) -> CandidateArrays:
-    """(n, G) model input for rows of type indices and node counts (nodes 0 = absent)."""
+    """(n, G) model input for rows of type indices and node counts (nodes 0 = absent);
+    ``per_node`` GPUs of each node run (all of them when ``None``)."""
     acc = np.array([o.accelerator for o in type_offers], dtype=object)
-    gpn = np.array([o.accelerator_count for o in type_offers], dtype=np.int64)
+    gpn = np.array(
+        [o.accelerator_count if per_node is None else per_node for o in type_offers],
+        dtype=np.int64,
+    )
     distinct: dict[NodeLinks, int] = {}
     link = np.array(
         [distinct.setdefault(o.node_links, len(distinct)) for o in type_offers], dtype=np.int64
@@ -486,28 +518,107 @@ def _candidate_arrays(
 
 @dataclass(frozen=True)
 class BatchSemantics:
-    """How the global batch and the step count move with the cluster (module doc)."""
+    """The batch that runs, and how the step count moves with the world (module doc)."""
 
-    base_global_batch: int
-    fixed_global_batch: bool
+    per_process_batch: int
+    """Samples in one batch of the training loop on each process (the script's own)."""
+    batches_per_update: int
+    """Batches per optimizer update (``accumulate_grad_batches``)."""
+    profiled_world: int
+    """Processes the profile ran on: targets in steps are counted at this scale."""
     noise_scale: float | None
+
+    @property
+    def base_global_batch(self) -> int:
+        """Samples per step at the profiled world size."""
+        return self.per_process_batch * self.profiled_world
+
+    def global_batch(self, world: int) -> int:
+        """Samples per step on ``world`` processes."""
+        return self.per_process_batch * world
+
+    def steps_on(self, steps0: float, world: np.ndarray | int) -> np.ndarray:
+        """Steps on ``world`` processes worth ``steps0`` steps at the profiled scale.
+
+        The same samples (``ceil(steps0·W0/W)``); with a noise scale, the samples the
+        larger update batch needs for the same progress (counted per update).
+        """
+        return np.ceil(steps0 * self._steps_per_base(world) - 1e-9)
+
+    def base_per_step(self, world: int) -> float:
+        """Steps at the profiled scale that one step on ``world`` processes is worth."""
+        return 1.0 / float(self._steps_per_base(world))
+
+    def _steps_per_base(self, world: np.ndarray | int) -> np.ndarray:
+        w = np.maximum(np.asarray(world, dtype=np.float64), 1.0)
+        if self.noise_scale is None:
+            return self.profiled_world / w
+        update = float(self.per_process_batch * self.batches_per_update)
+        return stateff_steps(1.0, update * self.profiled_world, update * w, self.noise_scale)
+
+    def describe(self, world: int | None = None) -> str:
+        """``per-process batch 32, global 64 on 2 processes`` (and the update batch)."""
+        text = f"per-process batch {self.per_process_batch}"
+        if world is not None:
+            text += f", global batch {self.global_batch(world)} on {world} process"
+            text += "es" if world != 1 else ""
+        if self.batches_per_update > 1:
+            text += f" ({self.batches_per_update} batches per optimizer update)"
+        return text
 
 
 def batch_semantics(profile: Profile) -> BatchSemantics:
     env = profile.environment
-    base = env.step_batch_size * env.world_size  # samples per optimizer step
     stats = profile.stat_efficiency
-    if stats is None:
-        return BatchSemantics(base, True, None)
-    return BatchSemantics(base, False, stats.noise_scale)
+    return BatchSemantics(
+        per_process_batch=env.local_batch_size,
+        batches_per_update=env.accumulate_grad_batches,
+        profiled_world=env.world_size,
+        noise_scale=None if stats is None else stats.noise_scale,
+    )
 
 
 def _predict(
     model: PerformanceModel, profile: Profile, cand: CandidateArrays, sem: BatchSemantics
 ) -> StepTimeArrays:
-    if sem.fixed_global_batch:
-        return model.predict_batch(profile, cand, global_batch=sem.base_global_batch)
-    return model.predict_batch(profile, cand, local_batch=profile.environment.step_batch_size)
+    """Seconds per step (batch) with every process on the script's own batch."""
+    out = model.predict_batch(profile, cand, local_batch=profile.environment.step_batch_size)
+    k = sem.batches_per_update
+    if k == 1:
+        return out
+    return dataclasses.replace(
+        out,
+        step_s=out.step_s / k,
+        low_s=out.low_s / k,
+        high_s=out.high_s / k,
+        local_batch=out.local_batch // k,
+        global_batch=out.global_batch // k,
+    )
+
+
+def predict_per_step(model: PerformanceModel, profile: Profile, cluster: Cluster) -> Prediction:
+    """The model's prediction for ``cluster`` in the planner's units: seconds per step
+    (one batch on every process), each process on the script's own batch."""
+    pred = model.predict(profile, cluster, local_batch=profile.environment.step_batch_size)
+    return per_batch(pred, profile.environment.accumulate_grad_batches)
+
+
+def per_batch(pred: Prediction, batches_per_update: int) -> Prediction:
+    """A prediction of one optimizer update of ``k`` batches, per batch."""
+    k = batches_per_update
+    if k == 1:
+        return pred
+    return dataclasses.replace(
+        pred,
+        step_s=pred.step_s / k,
+        low_s=pred.low_s / k,
+        high_s=pred.high_s / k,
+        compute_s=pred.compute_s / k,
+        comm_s=pred.comm_s / k,
+        allreduce_s=pred.allreduce_s / k,
+        local_batch=tuple(b // k for b in pred.local_batch),
+        global_batch=pred.global_batch // k,
+    )
 
 
 def estimate_step_seconds(
@@ -520,15 +631,13 @@ def estimate_step_seconds(
     """
     cand = _candidate_arrays((offer,), np.zeros((1, 1), np.int64), np.array([[nodes]]))
     out = _predict(model, profile, cand, batch_semantics(profile))
-    sem = batch_semantics(profile)
-    workers = nodes * offer.accelerator_count
-    if not bool(out.fits[0]) or (sem.fixed_global_batch and workers > sem.base_global_batch):
+    if not bool(out.fits[0]):
         return math.inf
     return float(out.step_s[0])
 
 
 def target_steps_at_base(profile: Profile, request: PlanRequest) -> int:
-    """Steps at the profile's global batch the request asks for (epochs converted)."""
+    """Steps at the profiled world size the request asks for (epochs converted)."""
     if request.target_steps is not None:
         return request.target_steps
     size = request.dataset_size
@@ -612,21 +721,28 @@ def evaluate(
     sem = batch_semantics(profile)
     steps0 = target_steps_at_base(profile, request)
     units = build_units(offers, request, profile.environment.accelerator)
+    if not units.offers:
+        raise InfeasibleError(_no_units_message(offers, request))
     n_types = len(units.type_offers)
-    gpn = np.array([o.accelerator_count for o in units.type_offers], dtype=np.int64)
+    gpn = np.array([units.gpus_used(o) for o in units.type_offers], dtype=np.int64)
 
     # Homogeneous: model on (type, nodes), broadcast to units.
     node_range = np.arange(1, request.max_nodes + 1, dtype=np.int64)
+    if request.num_nodes is not None:
+        node_range = np.array([request.num_nodes], dtype=np.int64)
     types_h = np.repeat(np.arange(n_types), node_range.size)
     nodes_h = np.tile(node_range, n_types)
     out_h = _predict(
-        model, profile, _candidate_arrays(units.type_offers, types_h[:, None], nodes_h[:, None]),
+        model, profile,
+        _candidate_arrays(units.type_offers, types_h[:, None], nodes_h[:, None], units.per_node),
         sem,
     )  # fmt: skip
     u_count = len(units.offers)
     hom_unit = np.repeat(np.arange(u_count), node_range.size)
     hom_nodes = np.tile(node_range, u_count)
-    hom_row = units.type_index[hom_unit] * node_range.size + (hom_nodes - 1)
+    hom_row = units.type_index[hom_unit] * node_range.size + np.tile(
+        np.arange(node_range.size), u_count
+    )
 
     # Mixes: model on (type pair, split), broadcast to unit pairs.
     pairs = _mix_pairs(units) if request.mixes else np.zeros((0, 2), dtype=np.int64)
@@ -636,6 +752,7 @@ def evaluate(
             for a in sorted(set(request.mix_node_counts))
             for b in sorted(set(request.mix_node_counts))
             if a + b <= request.max_nodes
+            and (request.num_nodes is None or a + b == request.num_nodes)
         ],
         dtype=np.int64,
     ).reshape(-1, 2)
@@ -649,7 +766,10 @@ def evaluate(
         mix_types = np.stack([np.repeat(ta, s), np.repeat(tb, s)], axis=1)
         mix_nodes = np.tile(splits, (distinct.size, 1))
         out_m = _predict(
-            model, profile, _candidate_arrays(units.type_offers, mix_types, mix_nodes), sem
+            model,
+            profile,
+            _candidate_arrays(units.type_offers, mix_types, mix_nodes, units.per_node),
+            sem,
         )
         model_rows += mix_types.shape[0]
         mix_unit_a = np.repeat(pairs[:, 0], s)
@@ -681,16 +801,7 @@ def evaluate(
     ok = col("fits") & np.isfinite(step) & (step > 0)
     if request.max_gpus is not None:
         ok &= world <= request.max_gpus
-    if sem.fixed_global_batch:
-        ok &= world <= sem.base_global_batch
-        steps = np.full(step.shape, float(steps0))
-    else:
-        assert sem.noise_scale is not None
-        steps = np.ceil(
-            stateff_steps(
-                steps0, sem.base_global_batch, np.maximum(global_batch, 1), sem.noise_scale
-            )
-        )
+    steps = sem.steps_on(steps0, world)
     hourly = units.price[unit_a] * nodes_a + np.where(has_b, units.price[safe_b] * nodes_b, 0.0)
     rate = units.rate[unit_a] * nodes_a + np.where(has_b, units.rate[safe_b] * nodes_b, 0.0)
     spot = units.spot[unit_a]
@@ -742,6 +853,21 @@ def _meets(table: _Table, request: PlanRequest) -> np.ndarray:
     if request.budget_usd is not None:
         mask &= table.cost <= request.budget_usd
     return mask
+
+
+def _no_units_message(offers: Sequence[Offer], request: PlanRequest) -> str:
+    """Why no instance type is left to search (the script's own devices, usually)."""
+    if request.gpus_per_node is not None:
+        widest = max((o.accelerator_count for o in offers), default=0)
+        return (
+            f"no candidate cluster: the script fixes Trainer(devices={request.gpus_per_node}) "
+            f"but no allowed instance type has that many GPUs (the most is {widest}); lower "
+            "devices= in the script, or widen --regions/--families"
+        )
+    return (
+        "no candidate cluster: no instance type in the allowed regions, families and "
+        "markets has a GPU the job can train on (widen --regions or --families)"
+    )
 
 
 def _infeasible_message(table: _Table, request: PlanRequest) -> str:
@@ -827,19 +953,21 @@ def _front_of(table: _Table, mask: np.ndarray) -> np.ndarray:
 
 def _plan(table: _Table, units: _Units, i: int, label: str = "") -> Plan:
     offer_a = units.offers[int(table.unit_a[i])]
-    groups = [ClusterGroup(offer_a, int(table.nodes_a[i]), offer_a.accelerator_count)]
+    groups = [ClusterGroup(offer_a, int(table.nodes_a[i]), units.gpus_used(offer_a))]
     if table.unit_b[i] >= 0:
         offer_b = units.offers[int(table.unit_b[i])]
-        groups.append(ClusterGroup(offer_b, int(table.nodes_b[i]), offer_b.accelerator_count))
+        groups.append(ClusterGroup(offer_b, int(table.nodes_b[i]), units.gpus_used(offer_b)))
     spot = bool(table.spot[i])
     interval = float(table.interval_h[i])
+    cluster = Cluster(tuple(groups))
     return Plan(
-        cluster=Cluster(tuple(groups)),
+        cluster=cluster,
         use_spot=spot,
         step_s=float(table.step[i]),
         step_low_s=float(table.low[i]),
         step_high_s=float(table.high[i]),
         global_batch=int(table.global_batch[i]),
+        per_process_batch=int(table.global_batch[i]) // max(cluster.world_size, 1),
         steps_to_target=int(table.steps[i]),
         time_to_target_h=float(table.time_h[i]),
         cost_usd=float(table.cost[i]),
@@ -884,6 +1012,20 @@ def _baselines(table: _Table, units: _Units, request: PlanRequest, objective: st
     return out
 
 
+def _batch_note(sem: BatchSemantics, steps0: int) -> str:
+    """What a plan's steps and batch mean, in one phrase."""
+    samples = steps0 * sem.base_global_batch
+    text = (
+        f"every process keeps the script's batch of {sem.per_process_batch} (global batch "
+        f"{sem.per_process_batch} x GPUs); the target is {steps0:,} steps on "
+        f"{sem.profiled_world} process{'es' if sem.profiled_world != 1 else ''}, "
+        f"{samples:,} samples, on any cluster"
+    )
+    if sem.noise_scale is not None:
+        text += f", rescaled by statistical efficiency (noise scale {sem.noise_scale:.3g})"
+    return text
+
+
 def plan(
     profile: Profile,
     offers: Sequence[Offer],
@@ -910,25 +1052,14 @@ def plan(
         if len(plans) == request.top_k or order.size >= available or pool >= available:
             break
         pool = available
-    notes = []
-    if sem.fixed_global_batch:
-        notes.append(
-            f"global batch fixed at {sem.base_global_batch} (profile has no gradient "
-            "statistics); larger clusters split it"
-        )
-    else:
-        notes.append(
-            f"local batch fixed at {profile.environment.step_batch_size}; steps rescaled by "
-            f"statistical efficiency (noise scale {sem.noise_scale:.3g})"
-        )
+    notes = [_batch_note(sem, steps0)]
     return PlanResult(
         plans=tuple(plans),
         baselines=tuple(_baselines(table, units, request, request.objective)),
         front=tuple((float(table.time_h[i]), float(table.cost[i])) for i in on_front),
         space=space,
         target_steps_at_base=steps0,
-        base_global_batch=sem.base_global_batch,
-        fixed_global_batch=sem.fixed_global_batch,
+        batch=sem,
         notes=tuple(notes),
     )
 
@@ -981,6 +1112,19 @@ def plan_pinned(
                 "(or has no accelerator the job can train on)"
             )
     counts = dict(pinned)
+    if request.num_nodes is not None and sum(counts.values()) != request.num_nodes:
+        raise ConfigError(
+            f"--cluster {described} has {sum(counts.values())} node(s) but the script fixes "
+            f"Trainer(num_nodes={request.num_nodes}); pin that many nodes or change the script"
+        )
+    per_node = request.gpus_per_node
+    for name in counts:
+        widest = max(o.accelerator_count for o in offers if o.instance_type == name)
+        if per_node is not None and widest < per_node:
+            raise ConfigError(
+                f"--cluster {described}: {name} has {widest} GPU(s) per node but the script "
+                f"fixes Trainer(devices={per_node}); pin a type with at least {per_node}"
+            )
     wide = dataclasses.replace(
         request,
         families=(),
@@ -1015,7 +1159,10 @@ def plan_pinned(
             "its accelerator is unknown, or it has more GPUs than the global batch has samples"
         )
     meets = runnable & _meets(table, request)
-    notes = [f"pinned to {described}: only its zones and markets were compared"]
+    notes = [
+        f"pinned to {described}: only its zones and markets were compared",
+        _batch_note(sem, steps0),
+    ]
     pool_mask = meets
     if not meets.any():
         pool_mask = runnable
@@ -1030,8 +1177,7 @@ def plan_pinned(
         front=tuple((float(table.time_h[i]), float(table.cost[i])) for i in front),
         space=dataclasses.replace(space, homogeneous=int(shape.sum()), mixes=0),
         target_steps_at_base=steps0,
-        base_global_batch=sem.base_global_batch,
-        fixed_global_batch=sem.fixed_global_batch,
+        batch=sem,
         notes=tuple(notes),
     )
 
@@ -1068,6 +1214,7 @@ def plan_to_dict(plan_: Plan) -> dict[str, Any]:
         "step_s": plan_.step_s,
         "step_low_s": plan_.step_low_s,
         "step_high_s": plan_.step_high_s,
+        "per_process_batch": plan_.per_process_batch,
         "global_batch": plan_.global_batch,
         "steps_to_target": plan_.steps_to_target,
         "time_to_target_h": plan_.time_to_target_h,
@@ -1102,8 +1249,10 @@ def result_to_dict(result: PlanResult, request: PlanRequest) -> dict[str, Any]:
             "min_deadline_probability": request.min_deadline_probability,
         },
         "target_steps_at_base": result.target_steps_at_base,
-        "base_global_batch": result.base_global_batch,
-        "fixed_global_batch": result.fixed_global_batch,
+        "per_process_batch": result.batch.per_process_batch,
+        "batches_per_update": result.batch.batches_per_update,
+        "profiled_world_size": result.batch.profiled_world,
+        "base_global_batch": result.batch.base_global_batch,
         "search_space": {
             "units": result.space.units,
             "instance_types": result.space.instance_types,

@@ -5,8 +5,10 @@ on *this* hardware. It refits the job's own terms, the way the calibration fit t
 every job (:mod:`lightning_srifty.fit.calibration`), while the hardware constants stay
 as calibrated:
 
-* ``compute_scale``: measured over predicted compute on the accelerator it ran on
-  (what the roofline transfer from the profiled device missed);
+* ``compute_scale``: measured over predicted compute (what the roofline transfer or
+  the profile missed). One measurement on one GPU type cannot tell a GPU-specific miss
+  from a job-wide one (a slower host, data loading), so the scale holds for every GPU
+  type: an unexplained slowdown never makes the GPU types not yet tried look cheaper;
 * ``colocation_slowdown``: how much GPUs sharing a node slow the job (its data
   loading against the host's CPUs), where the cluster has several GPUs on a node;
 * ``tail_fraction``: how much of its all-reduce backward cannot hide, where the
@@ -26,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from lightning_srifty.core.calibration import Calibration, JobTerms
+from lightning_srifty.core.calibration import EVERY_ACCELERATOR, Calibration, JobTerms
 from lightning_srifty.core.catalog import GpuSpec
 from lightning_srifty.core.cluster import Cluster
 from lightning_srifty.core.perfmodel import PerformanceModel
@@ -62,14 +64,12 @@ def refit_job(
     measured_step_s: float,
     *,
     gpu_specs: dict[str, GpuSpec],
-    global_batch: int | None = None,
 ) -> Calibration:
     """``calibration`` with ``profile``'s job terms refitted to a step measured on ``cluster``.
 
     The job is keyed by ``profile.model_name`` (and, for co-location, the profile's
-    instance type), as in a calibration fit. ``global_batch`` is the batch the cluster
-    ran (split across its GPUs as the planner does); ``None``: every process kept the
-    profile's own batch.
+    instance type), as in a calibration fit. ``measured_step_s`` is one optimizer
+    update (the profile's own step) with every process on the profile's batch.
     """
     from scipy.optimize import least_squares  # lazy: only fitting needs scipy
 
@@ -86,7 +86,8 @@ def refit_job(
     accelerator = cluster.groups[0].offer.accelerator
     shared = max(g.gpus_per_node for g in cluster.groups) > 1
     communicates = cluster.world_size > 1
-    start_scale = base.compute_scale if base.accelerator == accelerator else 1.0
+    applies = base.accelerator in (accelerator, EVERY_ACCELERATOR)
+    start_scale = base.compute_scale if applies else 1.0
     same_device = accelerator == profile.environment.accelerator
     compute_sigma = SAME_DEVICE_COMPUTE_SIGMA if same_device else COMPUTE_PRIOR_SIGMA
 
@@ -94,7 +95,7 @@ def refit_job(
         return replace(
             base,
             compute_scale=start_scale * math.exp(float(x[0])),
-            accelerator=accelerator,
+            accelerator=EVERY_ACCELERATOR,
             colocation_slowdown=max(base.colocation_slowdown + float(x[1]), 0.0)
             if shared
             else base.colocation_slowdown,
@@ -109,7 +110,7 @@ def refit_job(
 
     def residuals(x: np.ndarray) -> np.ndarray:
         model = PerformanceModel(gpu_specs, with_terms(x))
-        step = model.predict(profile, cluster, global_batch=global_batch).step_s
+        step = model.predict(profile, cluster).step_s
         misfit = math.log(max(step, 1e-12) / measured_step_s) / MEASUREMENT_SIGMA
         return np.array(
             [misfit, x[0] / compute_sigma, x[1] / COLOCATION_PRIOR_SIGMA, x[2] / TAIL_PRIOR_SIGMA]

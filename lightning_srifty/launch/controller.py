@@ -39,7 +39,9 @@ from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import CapacityError, LaunchError, SchemaError
 from lightning_srifty.core.launch_protocol import ProgressEvent
-from lightning_srifty.core.monitor import Expectation, Snapshot, mean_step_time, snapshot
+from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot, steady_step_time
+from lightning_srifty.core.steps import StepLedger
+from lightning_srifty.io.jsonfile import write_json_atomic
 from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
 from lightning_srifty.launch.migration import REPLANNED, Decision, plan_key, true_move
 
@@ -341,7 +343,11 @@ class Controller:
     on_wait: Callable[[str, float], None] | None = None
     """Told when the policy waits for spot: its reason and the seconds it waits."""
     poll_s: float = 0.5
-    max_attempts: int = 10
+    max_attempts: int | None = None
+    """Attempts before giving up (``--max-attempts``); ``None``: no cap."""
+    max_stalled_attempts: int = 20
+    """Attempts in a row that end without a new step (the job cannot start, or no
+    capacity anywhere) before the run gives up; any progress resets the count."""
     grace_s: float = 20.0
     cooldown_attempts: int = 2
     """Attempts (or waits) during which a preempted offer counts as unavailable."""
@@ -358,22 +364,44 @@ class Controller:
     """Step of the checkpoint the first attempt resumes from (progress counts from it)."""
     trainer_env_for: Callable[[Plan], Mapping[str, str]] | None = None
     """``PL_TRAINER_*`` defaults that shape the script's Trainer for a plan."""
+    trainer_args_for: Callable[[Plan], Sequence[str]] | None = None
+    """Arguments appended to the script's own for a plan (``--trainer.devices=...`` for
+    a LightningCLI script, which overrides the ``PL_TRAINER_*`` defaults)."""
     target_epochs: float | None = None
     """``--epochs``: the job counts epochs itself (``target_steps`` is then an estimate)."""
     policy_every_s: float | None = None
     """While on on-demand, ask the policy again this often (``None``: never)."""
-    refiner: Callable[[Plan, float, int, float, float], Decision | None] | None = None
+    refiner: Callable[[Plan, float, float, float, float], Decision | None] | None = None
     """Live refinement (:class:`~lightning_srifty.launch.refine.Refiner.check`): given
-    the plan, its measured mean step, the remaining steps, the elapsed hours and the
-    attempt's start-up seconds, a better plan to move to, or ``None``."""
+    the plan, its measured step, the remaining steps at the profiled scale, the elapsed
+    hours and the attempt's start-up seconds, a better plan to move to, or ``None``."""
     refine_after_steps: int = 30
     """Steps an attempt runs before its mean step is trusted for re-planning."""
     keep_on_interrupt: bool = False
     """On Ctrl-C leave the running job's clusters up (``--keep-clusters``)."""
+    ledger: StepLedger | None = None
+    """The target in steps at the profiled scale and what each attempt's steps were worth;
+    with :attr:`base_per_step`, each attempt gets the step at which its own processes
+    reach the target (``None``: :attr:`target_steps` holds for every attempt)."""
+    base_per_step: Callable[[Plan], float] | None = None
+    """Steps at the profiled scale that one step of the processes running a plan is worth."""
+    resume_step: Callable[[], int] | None = None
+    """The step of the newest checkpoint, where the next attempt resumes."""
+    ledger_path: Path | None = None
+    """Where the ledger is kept between attempts (``--resume`` continues from it)."""
+    step_limit_for: Callable[[Plan], int | None] | None = None
+    """Where the script's own ``max_steps``/``max_epochs`` stop it on a plan's processes."""
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     wall: Callable[[], float] = time.time
     _cooling: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
+    attempt: int = field(default=0, init=False)
+    """Number of the attempt under way (attempts of a resumed run continue the count)."""
+
+    def args_for(self, plan: Plan) -> tuple[str, ...]:
+        """The script's arguments for an attempt on ``plan``."""
+        extra = self.trainer_args_for(plan) if self.trainer_args_for is not None else ()
+        return (*self.script_args, *extra)
 
     def env_for(self, attempt: int, plan: Plan) -> dict[str, str]:
         env = dict(self.extra_env)
@@ -417,7 +445,16 @@ class Controller:
         cost = 0.0
         preempted_at: float | None = None
         reached = self.start_step
-        for attempt in range(self.first_attempt, self.first_attempt + self.max_attempts):
+        stalled = 0
+        attempt = self.first_attempt - 1
+        while True:
+            attempt += 1
+            if self.max_attempts is not None and attempt - self.first_attempt >= self.max_attempts:
+                raise LaunchError(
+                    f"gave up after {self.max_attempts} attempts (--max-attempts); continue "
+                    f"with `srifty-launch --resume {self.run_dir}`"
+                )
+            self._begin_attempt(plan, reached)
             try:
                 report = self._attempt(attempt, plan, started, reached)
             except CapacityError as exc:
@@ -425,6 +462,7 @@ class Controller:
                     plan, JobState.PREEMPTED, (), 0.0, self.expectation_for(plan),
                     no_capacity=str(exc),
                 )  # fmt: skip
+            stalled = 0 if report.last_step > reached else stalled + 1
             reached = max(reached, report.last_step)
             spot_event = plan.use_spot and report.state is JobState.PREEMPTED
             if plan.use_spot and report.moved_to is None:
@@ -461,6 +499,12 @@ class Controller:
                         f"training failed on {plan.cluster.describe()} (state "
                         f"{report.state.value}{detail}); logs are in {self.run_dir}"
                     )
+                if stalled >= self.max_stalled_attempts:
+                    raise LaunchError(
+                        f"gave up: {stalled} attempts in a row ended without a new step "
+                        f"(the last on {plan.cluster.describe()}); logs are in {self.run_dir}; "
+                        f"continue with `srifty-launch --resume {self.run_dir}`"
+                    )
                 if not still_moving:
                     preempted_at = self.clock()
                 self._cooling = _cool_down(self._cooling)
@@ -495,7 +539,24 @@ class Controller:
             if self.on_migration:
                 self.on_migration(migration)
             plan = new_plan
-        raise LaunchError(f"gave up after {self.max_attempts} attempts; logs are in {self.run_dir}")
+
+    def _begin_attempt(self, plan: Plan, reached: int) -> None:
+        """Sets :attr:`target_steps` for an attempt on ``plan``: the step at which its own
+        processes reach the run's target, from the checkpoint it resumes at."""
+        if self.ledger is None or self.base_per_step is None:
+            return
+        start = self.resume_step() if self.resume_step is not None else reached
+        self.target_steps = self.ledger.start(start, self.base_per_step(plan))
+        if self.step_limit_for is not None:
+            limit = self.step_limit_for(plan)
+            if limit is not None:
+                self.target_steps = min(self.target_steps, limit)
+        if self.ledger_path is not None:
+            write_json_atomic(self.ledger_path, self.ledger.to_dict())
+
+    def _base_done(self, reached: int) -> int:
+        """Steps at the profiled scale done when the job's counter reads ``reached``."""
+        return int(self.ledger.base_at(reached)) if self.ledger is not None else reached
 
     def _next_plan(self, reached: int, started: float, *, preempted: bool) -> tuple[Plan, str]:
         """Asks the policy where to go, waiting (and asking again) while it says wait."""
@@ -519,7 +580,7 @@ class Controller:
     ) -> Decision:
         now = self.clock()
         return self.next_planner.decide(
-            steps_done=reached,
+            steps_done=self._base_done(reached),
             elapsed_h=(now - started) / 3600.0,
             cooling=frozenset(self._cooling),
             preempted=preempted,
@@ -533,11 +594,12 @@ class Controller:
         return True if available is None else bool(available(total_elapsed_s))
 
     def _attempt(self, attempt: int, plan: Plan, started: float, start_step: int) -> AttemptReport:
+        self.attempt = attempt
         expect = self.expectation_for(plan)
         local_file = ProgressFile(self.progress_path(attempt))
         spec = LaunchSpec(
             script=self.script,
-            script_args=tuple(self.script_args),
+            script_args=self.args_for(plan),
             plan=plan,
             envs=self.env_for(attempt, plan),
             name=f"srifty-{attempt}",
@@ -574,17 +636,16 @@ class Controller:
                 reached = max((e.step for e in progress.events), default=0)
                 if made_progress and first_step_at is None:
                     first_step_at = now
+                steady = steady_step_time(progress.events) if not refined else None
                 if (
-                    not refined
+                    steady is not None
                     and moved is None
                     and first_step_at is not None
                     and reached - start_step >= self.refine_after_steps
                     and reached < self.target_steps
                 ):
                     refined = True
-                    moved = self._refine(
-                        plan, progress.events, reached, started, first_step_at - t0
-                    )
+                    moved = self._refine(plan, steady, reached, started, first_step_at - t0)
                     if moved is not None:
                         self._drain(handle)
                         continue
@@ -653,18 +714,20 @@ class Controller:
     def _refine(
         self,
         plan: Plan,
-        events: Sequence[ProgressEvent],
+        measured: float,
         reached: int,
         started: float,
         startup_s: float,
     ) -> Decision | None:
-        """Asks the refiner once, on this attempt's mean step so far."""
+        """Asks the refiner once, on this attempt's steady step time (warm-up left out)."""
         assert self.refiner is not None
-        measured = mean_step_time(events)
-        if measured is None:
-            return None
         elapsed_h = (self.clock() - started) / 3600.0
-        return self.refiner(plan, measured, self.target_steps - reached, elapsed_h, startup_s)
+        remaining = (
+            self.ledger.remaining_base(reached)
+            if self.ledger is not None
+            else float(self.target_steps - reached)
+        )
+        return self.refiner(plan, measured, remaining, elapsed_h, startup_s)
 
     def _drain(self, handle: object) -> None:
         """Asks the running job to checkpoint and stop (it exits on the signal)."""

@@ -29,7 +29,12 @@ class RanOn:
 
 
 def measured_profile(profile: Profile, ran_on: RanOn, measured_step_s: float) -> Profile:
-    """``profile`` re-labelled with the cluster that ran and its measured mean step."""
+    """``profile`` re-labelled with the cluster that ran and its measured mean step.
+
+    ``measured_step_s`` is per step (one batch on every process); a profile's step is an
+    optimizer update of ``accumulate_grad_batches`` batches, so it is scaled to that.
+    """
+    measured_step_s *= profile.environment.accumulate_grad_batches
     env = dataclasses.replace(
         profile.environment,
         instance_type=ran_on.instance_type,

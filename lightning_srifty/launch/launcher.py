@@ -8,6 +8,8 @@ and asks. That keeps the flow testable end to end with a silent UI.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -22,9 +24,17 @@ from lightning_srifty.core.errors import ConfigError, InfeasibleError, LaunchErr
 from lightning_srifty.core.links import loopback_links
 from lightning_srifty.core.monitor import Expectation, Snapshot
 from lightning_srifty.core.perfmodel import PerformanceModel
-from lightning_srifty.core.planner import PlanRequest, PlanResult, plan, plan_pinned
+from lightning_srifty.core.planner import (
+    PlanRequest,
+    PlanResult,
+    plan,
+    plan_pinned,
+    predict_per_step,
+)
 from lightning_srifty.core.profile import Profile
+from lightning_srifty.core.script_trainer import ScriptTrainer
 from lightning_srifty.core.spot import POLICY_NAMES, make_policy, young_daly_interval
+from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.launch.backend import Backend
 from lightning_srifty.launch.controller import Controller, Migration, PreemptionSource, RunSummary
 from lightning_srifty.launch.feedback import RanOn, write_feedback
@@ -97,6 +107,8 @@ class LaunchOptions:
     """Extra setup commands for the nodes (``--setup``), after the package is installed."""
     refine: bool = True
     """Re-plan on the running job's measured steps and migrate when that pays off."""
+    max_attempts: int | None = None
+    """``--max-attempts``: give up after this many attempts (``None``: no cap)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -115,6 +127,8 @@ class LaunchOptions:
             raise ConfigError("--resume needs the run folder to continue")
         if self.resume and self.profile_path is not None:
             raise ConfigError("--resume reuses the run's own profile; leave out --profile")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ConfigError(f"--max-attempts must be >= 1, got {self.max_attempts}")
 
 
 class LauncherUI(Protocol):
@@ -199,6 +213,11 @@ def run_launch(
     if not Path(options.script).is_file():
         # Before anything is created: a typo must not leave an empty run folder behind.
         raise LaunchError(f"script not found: {options.script}")
+    if options.backend in SKY_BACKENDS and importlib.util.find_spec("sky") is None:
+        raise ConfigError(
+            f"--backend {options.backend} needs SkyPilot, which is not installed: "
+            "pip install 'lightning-srifty[launch]'"
+        )
     if options.pinned:
         _check_pinned_types(options)  # before profiling: do not make the user wait to be told
     if options.resume:
@@ -243,7 +262,15 @@ def run_launch(
     checkpoint_s = measured_checkpoint_s(store)
 
     offers, model = load_planning_inputs(options, profile.environment.accelerator)
-    request = options.request
+    script = ScriptTrainer.of(profile)
+    if script.trains_on_cpu and remote:
+        raise ConfigError(
+            f"{options.script} fixes Trainer(accelerator={script.accelerator!r}): on a GPU VM "
+            "it would train on the CPUs; remove accelerator= (or set 'gpu') to use the GPUs"
+        )
+    for note in script.notes():
+        ui.info(f"note: {note}")
+    request = script.constrain(options.request)
     if request.checkpoint_cost_s is None and checkpoint_s is not None:
         request = dataclasses.replace(request, checkpoint_cost_s=checkpoint_s)
     if options.backend == "sky-jobs":
@@ -261,9 +288,24 @@ def run_launch(
         raise LaunchError("plan not confirmed; nothing was launched (use --yes to skip asking)")
 
     local = backend if isinstance(backend, LocalBackend) else None
+    if local is not None:
+        local.fix_shape(per_node=script.devices, nodes=script.num_nodes)
     topology = local.topology_for(chosen.cluster) if local is not None else None
-    world = topology.world_size if topology is not None else chosen.cluster.world_size
-    target = _run_target(result, request, profile, world, ui)
+    ledger = _step_ledger(run_dir, result, options.resume)
+    world_of = functools.partial(_world_of, local)
+    target = ledger.target_step(
+        max((ref.step for ref in store.refs()), default=0),
+        result.batch.base_per_step(world_of(chosen)),
+    )
+    target = _bounded_by_script(target, profile, world_of(chosen), ui)
+    if topology is not None:
+        ui.info(
+            f"each process trains on batches of {result.batch.per_process_batch} (global "
+            f"{result.batch.global_batch(topology.world_size)} on the {topology.world_size} "
+            f"local process(es); {result.batch.describe(chosen.cluster.world_size)} as planned)"
+        )
+    else:
+        ui.info(f"each step: {result.batch.describe(chosen.cluster.world_size)}")
     interval_s = _checkpoint_interval_s(options.preemptions, checkpoint_s)
     wait_s = LOCAL_WAIT_S if local is not None else CLOUD_WAIT_S
     policy_every_s: float | None = (
@@ -271,6 +313,8 @@ def run_launch(
     )
     if options.backend == "sky-jobs":
         policy_every_s = None  # SkyPilot's jobs controller decides where the job runs
+    fixed = {name for name in ("devices", "num_nodes", "strategy", "accelerator")
+             if getattr(script, name) is not None}  # fmt: skip
     controller = Controller(
         backend=backend,
         extra_env=job_env,
@@ -283,14 +327,14 @@ def run_launch(
             policy=make_policy(options.policy),
             candidates=_candidate_source(profile, offers, model, request, options.pinned),
             home=plan_key(chosen),
-            target_steps=target,
+            target_steps=int(math.ceil(ledger.target_base)),
             deadline_h=request.deadline_h,
             changeover_h=request.restart_delay_h,
             wait_h=wait_s / 3600.0,
         ),
         wait_s=wait_s,
         on_wait=lambda why, s: ui.info(f"waiting {s:.0f} s for spot ({why})"),
-        expectation_for=lambda p: _expectation(p, profile, model, local, target),
+        expectation_for=lambda p: _expectation(p, profile, model, local, controller.target_steps),
         preemptions=options.preemptions,
         on_migration=ui.migration,
         grace_s=options.grace_s,
@@ -299,10 +343,21 @@ def run_launch(
         first_attempt=next_attempt(run_dir),
         start_step=max((ref.step for ref in store.refs()), default=0),
         trainer_env_for=lambda p: _trainer_env(p, local, run_dir),
+        trainer_args_for=(
+            (lambda p: proto.lightning_cli_args(_trainer_env(p, local, run_dir), keep=fixed))
+            if script.lightning_cli
+            else None
+        ),
         target_epochs=request.epochs,
         policy_every_s=policy_every_s,
         keep_on_interrupt=options.keep_clusters,
         refiner=_refiner(options, profile, offers, model, request, local, checkpoint_s),
+        ledger=ledger,
+        base_per_step=lambda p: result.batch.base_per_step(world_of(p)),
+        resume_step=lambda: max((ref.step for ref in store.refs()), default=0),
+        ledger_path=run_dir / LEDGER_FILE,
+        step_limit_for=lambda p: user_limit_steps(profile, world_of(p))[0],
+        max_attempts=options.max_attempts,
     )
 
     prepare = getattr(backend, "task_options", None)
@@ -327,7 +382,7 @@ def run_launch(
                 profile,
                 _ran_on(p, backend),
                 snap.measured_step_s,
-                attempt=len(fed_back),
+                attempt=controller.attempt,
             )
             use = (
                 "kept as a record: local processes are no catalog instance"
@@ -440,17 +495,9 @@ def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
     return min(found)
 
 
-def _run_target(
-    result: PlanResult, request: PlanRequest, profile: Profile, world: int, ui: LauncherUI
-) -> int:
-    """Optimizer steps this run will train: the target, unless the script stops first.
-
-    ``--epochs`` become steps on the processes that really run (each keeps its batch,
-    so more processes take fewer steps per epoch); the job counts epochs itself.
-    """
-    target = int(result.target_steps_at_base)
-    if request.epochs is not None:
-        target = max(1, math.ceil(target * profile.environment.world_size / max(world, 1)))
+def _bounded_by_script(target: int, profile: Profile, world: int, ui: LauncherUI) -> int:
+    """The run's target, unless the script's own ``max_steps``/``max_epochs`` stop first
+    (they are never lifted: the user is told where the script will stop)."""
     limit, setting = user_limit_steps(profile, world)
     if limit is not None and limit < target:
         ui.info(
@@ -460,6 +507,29 @@ def _run_target(
         )
         return limit
     return target
+
+
+def _world_of(local: LocalBackend | None, p: Plan) -> int:
+    """Processes that really run ``p`` (this machine's, on the local backend)."""
+    if local is not None:
+        return local.topology_for(p.cluster).world_size
+    return p.cluster.world_size
+
+
+LEDGER_FILE = "steps.json"
+"""The run's :class:`~lightning_srifty.core.steps.StepLedger`, kept for ``--resume``."""
+
+
+def _step_ledger(run_dir: Path, result: PlanResult, resume: bool) -> StepLedger:
+    """A new ledger for the planned target, or the resumed run's with its history."""
+    from lightning_srifty.io.jsonfile import read_json
+
+    path = run_dir / LEDGER_FILE
+    if resume and path.is_file():
+        kept = StepLedger.from_dict(read_json(path), source=str(path))
+        kept.target_base = float(result.target_steps_at_base)
+        return kept
+    return StepLedger(target_base=float(result.target_steps_at_base))
 
 
 def _trainer_env(p: Plan, local: LocalBackend | None, run_dir: Path) -> dict[str, str]:
@@ -530,7 +600,9 @@ def _expectation(
 ) -> Expectation:
     """What the plan promises on the hardware that really runs it."""
     if local is not None:
-        run = model.predict(profile, local_cluster(profile, local.topology_for(p.cluster)))
+        run = predict_per_step(
+            model, profile, local_cluster(profile, local.topology_for(p.cluster))
+        )
         return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
     return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
 
@@ -563,7 +635,7 @@ def _refiner(
     request: PlanRequest,
     local: LocalBackend | None,
     checkpoint_s: float | None,
-) -> Callable[[Plan, float, int, float, float], Decision | None] | None:
+) -> Callable[[Plan, float, float, float, float], Decision | None] | None:
     """Live refinement for the run (``None`` with ``--no-refine`` or managed jobs, where
     SkyPilot's controller decides where the job runs)."""
     if not options.refine or options.backend == "sky-jobs":
@@ -594,7 +666,6 @@ def _refiner(
         ran_on=ran_on,
         objective="time" if request.objective == "time" else "cost",
         checkpoint_s=checkpoint_s or 0.0,
-        processes_keep_batch=local is not None,
     )
     return refiner.check
 
@@ -687,12 +758,12 @@ def _dry_run(controller: Controller, chosen: Plan, run_dir: Path) -> Any:
         task = managed_task(
             backend.ordered_plans(chosen),
             script=controller.script,
-            script_args=list(controller.script_args),
+            script_args=list(controller.args_for(chosen)),
             **options,
         )
         return dry_run([task], run_dir / "sky")
     tasks = build_tasks(
-        chosen, script=controller.script, script_args=list(controller.script_args), **options
+        chosen, script=controller.script, script_args=list(controller.args_for(chosen)), **options
     )
     return dry_run(tasks, run_dir / "sky")
 

@@ -44,18 +44,30 @@ class LocalTopology:
         return self.nodes * self.procs_per_node
 
 
-def map_topology(cluster: Cluster, *, max_nodes: int = 2, max_procs: int = 4) -> LocalTopology:
+def map_topology(
+    cluster: Cluster,
+    *,
+    max_nodes: int = 2,
+    max_procs: int = 4,
+    per_node: int | None = None,
+    nodes: int | None = None,
+) -> LocalTopology:
     """Scales a cloud cluster down to this machine, keeping its shape where possible.
 
     Node count is capped at ``max_nodes`` and the total process count at ``max_procs``;
-    a plan with several GPUs per node keeps several processes per node.
+    a plan with several GPUs per node keeps several processes per node. What the script
+    fixes itself (``Trainer(devices=per_node, num_nodes=nodes)``) is kept exactly, caps or
+    not: Lightning refuses to run any other shape.
     """
     if max_nodes < 1 or max_procs < 1:
         raise LaunchError("local topology needs at least one node and one process")
-    nodes = max(1, min(cluster.nodes, max_nodes, max_procs))
+    if per_node is not None:
+        count = nodes or max(1, min(cluster.nodes, max_nodes, max_procs // per_node))
+        return LocalTopology(nodes=count, procs_per_node=per_node)
+    count = nodes or max(1, min(cluster.nodes, max_nodes, max_procs))
     widest = max((g.gpus_per_node for g in cluster.groups), default=1)
-    per_node = max(1, min(widest, max_procs // nodes))
-    return LocalTopology(nodes=nodes, procs_per_node=per_node)
+    width = max(1, min(widest, max_procs // count))
+    return LocalTopology(nodes=count, procs_per_node=width)
 
 
 def free_port() -> int:
@@ -96,6 +108,8 @@ class LocalBackend:
         self.max_procs = max_procs
         self.python = python
         self._launches = 0
+        self._fixed_per_node: int | None = None
+        self._fixed_nodes: int | None = None
 
     @staticmethod
     def thread_env() -> dict[str, str]:
@@ -106,8 +120,18 @@ class LocalBackend:
         """
         return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
+    def fix_shape(self, *, per_node: int | None, nodes: int | None) -> None:
+        """Keeps what the script's own ``Trainer(devices=, num_nodes=)`` fixes."""
+        self._fixed_per_node, self._fixed_nodes = per_node, nodes
+
     def topology_for(self, cluster: Cluster) -> LocalTopology:
-        return map_topology(cluster, max_nodes=self.max_nodes, max_procs=self.max_procs)
+        return map_topology(
+            cluster,
+            max_nodes=self.max_nodes,
+            max_procs=self.max_procs,
+            per_node=self._fixed_per_node,
+            nodes=self._fixed_nodes,
+        )
 
     def command(
         self, topology: LocalTopology, node_rank: int, port: int, script: str, args: Sequence[str]

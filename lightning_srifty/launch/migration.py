@@ -14,7 +14,9 @@ How the live world maps onto the policy's:
   after a preemption is unavailable; every other one counts as up, because a cloud only
   tells whether it has capacity when asked (a failed launch is a preemption of length
   zero for the controller).
-* **Time and progress** are in hours of work on the slowest candidate, so a faster plan
+* **Time and progress** are in hours of work on the slowest candidate (steps counted at
+  the profiled world size, so a cluster whose steps carry more samples does more work
+  per step), so a faster plan
   finishes early rather than late (deadline reasoning stays on the safe side), and
   prices become dollars per such hour (a fast expensive plan can be the cheaper one).
 * **Market counts** are what the controller saw: hours it ran on each offer and the
@@ -145,10 +147,15 @@ class PolicyDecider:
         known = [p for p in [*zones, found.on_demand] if p is not None]
         if not known:
             raise ConfigError("no plan can run the remaining work (catalog filters too tight?)")
-        slowest = max(p.step_s for p in known)
+
+        def per_base_step_s(p: Plan) -> float:
+            # a step of a bigger cluster does more of the work (its plan needs fewer)
+            return p.step_s * p.steps_to_target / remaining if p.steps_to_target else p.step_s
+
+        slowest = max(per_base_step_s(p) for p in known)
 
         def per_work_hour(p: Plan | None) -> float:
-            return math.inf if p is None else p.hourly_usd * p.step_s / slowest
+            return math.inf if p is None else p.hourly_usd * per_base_step_s(p) / slowest
 
         hours_per_step = slowest / 3600.0
         seen = [self.history.get(k, ZoneHistory()) for k in keys]

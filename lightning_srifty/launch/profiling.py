@@ -1,8 +1,10 @@
 """Step 1 of ``srifty-launch``: run the user's script in profile mode on this machine.
 
 The script runs as the user wrote it (its own output and traceback go straight to the
-terminal); the launcher only sets environment variables that put
-:class:`SriftyCallback` into profile mode. The callback profiles its window, saves a
+terminal), started through :mod:`lightning_srifty.capture.entry` so the profile records
+what its ``Trainer(...)`` fixes and a script without the callback stops at ``fit``; the
+launcher only sets environment variables that put :class:`SriftyCallback` into profile
+mode. The callback profiles its window, saves a
 checkpoint into the store, writes the profile and ends training cleanly.
 """
 
@@ -19,6 +21,10 @@ from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import LaunchError
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.io.profile_io import load_profile
+
+PROFILE_ENTRY = "lightning_srifty.capture.entry"
+"""Runs the script as ``python SCRIPT`` would, recording what its ``Trainer(...)`` fixes
+and stopping at ``fit`` when the callback is missing."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ def run_profile(
     profile_path = Path(env[proto.ENV_PROFILE_PATH])
     try:
         completed = subprocess.run(  # noqa: S603 - argv list; args reach the script verbatim
-            [python, str(path), *script_args],
+            [python, "-m", PROFILE_ENTRY, str(path), *script_args],
             env=env,
             stdin=subprocess.DEVNULL,
             timeout=timeout_s,
@@ -81,17 +87,15 @@ def run_profile(
         raise LaunchError(f"{script} did not finish profiling within {timeout_s:.0f} s") from None
     attached = (state_dir / proto.ATTACHED_MARKER).exists()
     code = completed.returncode
+    if (state_dir / proto.NO_CALLBACK_MARKER).exists():
+        raise LaunchError(f"{script}: {proto.NO_CALLBACK_MESSAGE}")
     if code != 0:
         where = "during profiling" if attached else "before SriftyCallback was set up"
         raise LaunchError(
             f"{script} crashed {where} (exit code {code}); its own traceback is above"
         )
     if not attached:
-        raise LaunchError(
-            f"{script} does not use SriftyCallback: add "
-            "`from lightning_srifty import SriftyCallback` and "
-            "`Trainer(callbacks=[SriftyCallback()])` to its Trainer"
-        )
+        raise LaunchError(f"{script}: {proto.NO_CALLBACK_MESSAGE}")
     if not profile_path.exists():
         raise LaunchError(
             f"{script} ended before the profiling window completed; "

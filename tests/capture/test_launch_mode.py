@@ -143,6 +143,7 @@ def test_a_fractional_epochs_target_stops_inside_the_epoch(
         enable_checkpointing=False,
         enable_progress_bar=False,
         accumulate_grad_batches=2,
+        default_root_dir=tmp_path,  # the profile lands here, not in the working directory
         callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
     )
     trainer.fit(digits.DigitsModule(hidden=16), datamodule=digits.DigitsDataModule(batch_size=64))

@@ -121,9 +121,11 @@ def oracle(
     """Every cluster of the search space, one ``PerformanceModel.predict`` call each.
 
     Loops over every zone (no dedupe), every market and node count, and every pair of
-    types in a region; returns (cost, time, probability, description, spot) rows.
+    types in a region; returns (cost, time, probability, description, spot) rows. Every
+    process runs the profile's own batch, as Lightning's DDP does, and the target's
+    samples stay the same: ``ceil(steps·W0/W)`` steps on ``W`` GPUs.
     """
-    base = profile.environment.local_batch_size * profile.environment.world_size
+    profiled_world = profile.environment.world_size
     ckpt_h = default_checkpoint_s(profile) / 3600
     gpu_offers = [o for o in offers if o.accelerator in SPECS]
     clusters: list[tuple[Cluster, bool]] = []
@@ -144,14 +146,13 @@ def oracle(
                     clusters.append((Cluster(groups), spot))
     rows = []
     for cluster, spot in clusters:
-        if cluster.world_size > base:
-            continue
         try:
-            pred = MODEL.predict(profile, cluster, global_batch=base)
+            pred = MODEL.predict(profile, cluster, local_batch=profile.environment.local_batch_size)
         except PredictionError:
             continue
         assert request.target_steps is not None
-        work_h = request.target_steps * pred.step_s / 3600
+        steps = math.ceil(request.target_steps * profiled_world / cluster.world_size)
+        work_h = steps * pred.step_s / 3600
         rate = sum(g.nodes * band_hourly_rate(g.offer.interruption_band) for g in cluster.groups)
         out = spot_expectations(
             np.array([work_h]), np.array([rate if spot else 0.0]), ckpt_h,
@@ -271,17 +272,45 @@ def test_estimate_step_seconds_matches_the_model_and_is_inf_when_it_cannot_run()
     profile = make_profile()
     o = small_catalog()[2]
     cluster = Cluster((ClusterGroup(o, 2, 4),))
-    expected = MODEL.predict(profile, cluster, global_batch=32).step_s
+    expected = MODEL.predict(profile, cluster, local_batch=32).step_s
     assert estimate_step_seconds(MODEL, profile, o, 2) == pytest.approx(expected)
-    assert estimate_step_seconds(MODEL, profile, o, 16) == math.inf  # 64 GPUs > batch 32
+    # More GPUs than the profile's batch has samples: every GPU still runs 32.
+    assert math.isfinite(estimate_step_seconds(MODEL, profile, o, 16))
     assert estimate_step_seconds(MODEL, profile, small_catalog()[-1], 1) == math.inf
+    too_big = make_profile(param_bytes=8 * GIB)  # params, grads, 2x Adam state > 16 GiB
+    assert estimate_step_seconds(MODEL, too_big, o, 1) == math.inf
+
+
+def test_every_plan_runs_the_profiled_batch_on_each_process_and_keeps_the_samples() -> None:
+    """What Lightning's DDP runs: the script's batch per process, the global batch grows."""
+    profile = make_profile()
+    result = plan(profile, small_catalog(), MODEL, PlanRequest(target_steps=10_000, top_k=30))
+    assert {p.per_process_batch for p in result.plans} == {32}
+    assert any(p.cluster.world_size > 1 for p in result.plans)
+    for p in result.plans:
+        assert p.global_batch == 32 * p.cluster.world_size
+        samples = p.steps_to_target * p.global_batch
+        assert 10_000 * 32 <= samples < 10_000 * 32 + p.global_batch
+        single = MODEL.predict(profile, p.cluster, local_batch=32)
+        assert p.step_s == pytest.approx(single.step_s)
+    doc = result_to_dict(result, PlanRequest(target_steps=10_000))
+    assert doc["per_process_batch"] == 32 and doc["base_global_batch"] == 32
+
+
+def test_a_profile_on_two_processes_counts_its_target_at_that_scale() -> None:
+    base = make_profile()
+    two = replace(base, environment=replace(base.environment, world_size=2, devices_per_node=2))
+    result = plan(two, small_catalog(), MODEL, PlanRequest(target_steps=1_000, top_k=30))
+    for p in result.plans:
+        # 1,000 steps of 2 x 32 samples, whatever the cluster.
+        assert p.steps_to_target == math.ceil(1_000 * 2 / p.cluster.world_size)
 
 
 def test_stat_efficiency_grows_the_batch_and_rescales_steps() -> None:
     stat = StatEfficiency(grad_sqr=1.0, grad_var=200.0, batch_size=32)  # B_noise = 200
     profile = make_profile(stat=stat)
     result = plan(profile, small_catalog(), MODEL, PlanRequest(target_steps=10_000, top_k=30))
-    assert not result.fixed_global_batch
+    assert result.batch.noise_scale == pytest.approx(200.0)
     grown = [p for p in result.plans if p.cluster.world_size > 1]
     assert grown
     for p in grown:
@@ -297,17 +326,38 @@ def test_epochs_need_a_dataset_size_and_use_the_profile_extra() -> None:
     result = plan(make_profile(dataset_size=50_000), small_catalog(), MODEL,
                   PlanRequest(epochs=2.0))  # fmt: skip
     assert result.target_steps_at_base == math.ceil(2.0 * 50_000 / 32)
-    assert result.best.steps_to_target == result.target_steps_at_base
+    best = result.best
+    assert best.steps_to_target == math.ceil(result.target_steps_at_base / best.cluster.world_size)
 
 
-def test_epochs_count_optimizer_steps_under_gradient_accumulation() -> None:
+def test_steps_are_batches_under_gradient_accumulation() -> None:
+    """A step is one batch of the loop; the model prices an update of two batches."""
     base = make_profile(dataset_size=50_000)
     env = replace(base.environment, accumulate_grad_batches=2)
     accumulated = replace(base, environment=env)
     result = plan(accumulated, small_catalog(), MODEL, PlanRequest(epochs=2.0))
-    # Each optimizer step takes two micro-batches of 32: half the steps of no accumulation.
-    assert result.target_steps_at_base == math.ceil(2.0 * 50_000 / 64)
-    assert result.base_global_batch == 64
+    assert result.target_steps_at_base == math.ceil(2.0 * 50_000 / 32)
+    assert result.batch.base_global_batch == 32 and result.batch.batches_per_update == 2
+    pinned = plan_pinned(
+        accumulated, small_catalog(), MODEL, PlanRequest(epochs=2.0), [("g4dn.xlarge", 1)]
+    ).best
+    update = MODEL.predict(accumulated, pinned.cluster).step_s  # 64 samples per update
+    assert pinned.step_s == pytest.approx(update / 2)
+    assert pinned.per_process_batch == 32
+
+
+def test_the_scripts_own_devices_and_num_nodes_bound_the_search() -> None:
+    profile = make_profile()
+    request = PlanRequest(target_steps=10_000, top_k=50, gpus_per_node=2)
+    result = plan(profile, small_catalog(), MODEL, request)
+    for p in result.plans:
+        assert all(g.gpus_per_node == 2 for g in p.cluster.groups)
+        assert all(g.offer.accelerator_count >= 2 for g in p.cluster.groups)
+        assert "(2 GPU/node)" in p.cluster.describe()
+    exact = plan(profile, small_catalog(), MODEL, replace(request, num_nodes=2, top_k=50))
+    assert exact.plans and all(p.cluster.nodes == 2 for p in exact.plans)
+    with pytest.raises(InfeasibleError, match="no candidate"):
+        plan(profile, small_catalog(), MODEL, replace(request, gpus_per_node=8))
 
 
 @pytest.mark.parametrize(

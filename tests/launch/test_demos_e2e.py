@@ -64,7 +64,9 @@ def test_transformer_pinned_to_four_gpus_runs_as_one_ddp_job(
     trained = events(run, "progress-1.jsonl")
     # The unchanged Trainer became one job of world size 2 (not two copies of size 1).
     assert {e.world_size for e in trained} == {2}
-    assert trained[-1].event == "done" and trained[-1].step == 40
+    # 40 steps of one process's batch: 25 ran while profiling, the other 15 take 8 steps
+    # of two processes (the same samples).
+    assert trained[-1].event == "done" and trained[-1].step == 25 + 8
     assert "1 node(s) x 2 process(es)" in out and "1x g4dn.12xlarge" in out
     assert "mean over the run" in out and "last window" in out
     # Lightning's logs live in the run folder; the working directory gets none.
@@ -91,7 +93,7 @@ def test_transformer_pinned_to_four_gpus_runs_as_one_ddp_job(
 
     # Resuming a finished run says so instead of training again from its last checkpoint.
     code, _, err = launch(["--resume", "exp"], capfd)
-    assert code != 0 and "already finished (final checkpoint at step 40)" in err
+    assert code != 0 and "already finished (final checkpoint at step 33)" in err
 
 
 def test_cnn_with_accumulation_trains_exactly_the_epochs_asked(
@@ -165,10 +167,11 @@ def test_dry_run_then_resume_trains_without_profiling_again(
     assert (run / "profile-progress.jsonl").read_text() == profiled  # no second profile
     trained = events(run, "progress-1.jsonl")
     assert trained[0].event == "resumed" and trained[0].step == 25
-    assert trained[-1].step == 50 and {e.world_size for e in trained} == {2}
+    # 50 steps of one process: the 25 left take 13 steps of two processes.
+    assert trained[-1].step == 25 + 13 and {e.world_size for e in trained} == {2}
 
 
-def test_a_script_pinning_its_own_devices_is_stopped_with_one_line(
+def test_a_reused_profile_that_does_not_know_the_scripts_devices_stops_in_one_line(
     in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     # A profile to reuse (no profiling run again): the refusals come from the training job.
@@ -190,7 +193,7 @@ def test_a_script_pinning_its_own_devices_is_stopped_with_one_line(
     ours = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1
     assert "started 2 processes" in ours[0] and "world size 1" in ours[0]
-    assert "remove devices=, num_nodes= and strategy=" in ours[0]
+    assert "launch again without --profile so the plan keeps them" in ours[0]
 
     # devices=1 alone: Lightning's own check refuses; its line is the one shown.
     code, _, err = launch([*reuse, "--explicit-devices", "1"], capfd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import sys
 import textwrap
 from pathlib import Path
 
@@ -290,7 +291,8 @@ pl.Trainer(max_steps=5, logger=False, enable_checkpointing=False,
         ("bad-cluster", "--cluster 'g4dn.12xlarge' is not valid: use TYPE:N"),
         ("unknown-cluster-type", "'p9.huge' is not an instance type"),
         ("resume-nothing", "the folder does not exist"),
-        ("no-callback", "does not use SriftyCallback"),
+        ("no-callback", "has no SriftyCallback"),
+        ("sky-missing", "--backend sky needs SkyPilot, which is not installed: pip install"),
         ("crash", "crashed during profiling (exit code 1); its own traceback is above"),
         ("unreachable-bucket", "S3 check failed for s3://srifty-unreachable/x"),
         ("no-credentials", "no usable AWS credentials"),
@@ -329,6 +331,9 @@ def test_failures_are_one_line_with_a_nonzero_exit(
         args += ["--cluster", "p9.huge:1"]
     elif case == "resume-nothing":
         args = ["--resume", str(tmp_path / "nope")]
+    elif case == "sky-missing":
+        monkeypatch.setitem(sys.modules, "sky", None)  # what `import sky` sees without it
+        args += ["--backend", "sky", "--checkpoint-uri", "s3://bucket/x"]
     elif case in ("no-callback", "crash"):
         body = NO_CALLBACK if case == "no-callback" else CRASHING
         path = tmp_path / f"{case}.py"

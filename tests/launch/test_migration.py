@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lightning_srifty.core.catalog import Offer
@@ -32,7 +34,8 @@ def _plan(itype: str, zone: str, *, spot: bool, hourly: float, step_s: float = 1
         network_gbps=25.0,
     )
     cluster = Cluster((ClusterGroup(offer, 1, 1),))
-    return Plan(cluster, spot, step_s, step_s, step_s, 32, 100, 1.0, hourly, hourly)
+    # steps_to_target 0: not planned for a target, step times compare as they are
+    return Plan(cluster, spot, step_s, step_s, step_s, 32, 0, 1.0, hourly, hourly)
 
 
 HOME = _plan("g4dn.xlarge", "usw2-az1", spot=True, hourly=0.3)
@@ -87,6 +90,33 @@ def test_prices_compare_per_hour_of_work_not_per_hour() -> None:
     )
     # 0.4 $/h at 2 s/step is 0.8 $ per hour of 1 s/step work; 0.6 $/h at 1 s/step is 0.6.
     assert decision.plan == fast_dear
+
+
+def test_a_step_that_carries_more_samples_is_more_work() -> None:
+    """A 4-GPU plan's step takes longer but the remaining work needs a quarter of them."""
+    remaining = 3600 * 4
+    one = dataclasses.replace(
+        _plan("g4dn.xlarge", "usw2-az2", spot=True, hourly=0.3, step_s=1.0),
+        steps_to_target=remaining,
+    )
+    offer = dataclasses.replace(one.cluster.groups[0].offer, instance_type="g4dn.12xlarge",
+                                accelerator_count=4, zone="usw2-az3")  # fmt: skip
+    four = dataclasses.replace(
+        one, cluster=Cluster((ClusterGroup(offer, 1, 4),)), step_s=1.5, step_low_s=1.5,
+        step_high_s=1.5, hourly_usd=1.0, steps_to_target=remaining // 4,
+    )  # fmt: skip
+    decider = _decider("srifty", spot=(HOME, one, four))
+    decision = decider.decide(
+        steps_done=0, elapsed_h=0.0, cooling=frozenset({plan_key(HOME)}), preempted=True
+    )
+    # Per hour of one-GPU work: 0.3 $ on one GPU; 1.0 $/h x 1.5 s / 4 = 0.375 $ on four.
+    assert decision.plan == one
+    cheap_four = dataclasses.replace(four, hourly_usd=0.7)  # 0.7 x 1.5 / 4 = 0.26 < 0.3
+    decider = _decider("srifty", spot=(HOME, one, cheap_four))
+    decision = decider.decide(
+        steps_done=0, elapsed_h=0.0, cooling=frozenset({plan_key(HOME)}), preempted=True
+    )
+    assert decision.plan == cheap_four
 
 
 def test_without_a_deadline_it_waits_rather_than_pay_on_demand() -> None:

@@ -228,7 +228,7 @@ def preempted_then_no_capacity(o: Outcome) -> None:
 
 def no_capacity_anywhere(o: Outcome) -> None:
     assert o.summary is None
-    assert o.error.startswith("gave up after 10 attempts")
+    assert o.error.startswith("gave up: 20 attempts in a row ended without a new step")
 
 
 def api_away_for_minutes(o: Outcome) -> None:
@@ -326,7 +326,7 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         {},
         preempted_then_no_capacity,
     ),
-    "no-capacity-anywhere": ([ClusterScript(no_capacity=True)] * 12, {}, no_capacity_anywhere),
+    "no-capacity-anywhere": ([ClusterScript(no_capacity=True)] * 22, {}, no_capacity_anywhere),
     "api-away-10-min": (
         [ClusterScript()],
         {"prepare": lambda fake: fake.outages.append((400.0, 1000.0))},

@@ -1,0 +1,146 @@
+"""``srifty-launch`` on scripts written the way Lightning users write them.
+
+Each test runs the real command line: a real profiling run, the real planner, real
+``torchrun`` workers on 127.0.0.1. What ran is read from the job's own records: the
+progress lines rank zero writes and, for the tests only, a line per training batch
+from every rank (``TRACE_BATCHES``: rank, world size, batch size).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_srifty.cli import launch_cmd
+from lightning_srifty.core.launch_protocol import ProgressEvent
+from lightning_srifty.core.script_trainer import ScriptTrainer
+from lightning_srifty.io.checkpoint_store import open_store
+from lightning_srifty.io.profile_io import load_profile
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+BASE = ["--yes", "--catalog", "bundled"]
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The working directory of the command: nothing may land here but srifty_runs/."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TRACE_BATCHES", str(tmp_path.parent / f"{tmp_path.name}-batches.txt"))
+    return tmp_path
+
+
+def launch(argv: list[str], capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = launch_cmd.main(argv)
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def events(run: Path, name: str) -> list[ProgressEvent]:
+    lines = (run / name).read_text().splitlines()
+    return [ProgressEvent.from_line(line) for line in lines if line.strip()]
+
+
+def only_run(root: Path) -> Path:
+    runs = sorted((root / "srifty_runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def traced(root: Path) -> list[tuple[int, int, int]]:
+    """(rank, world size, batch) of every batch any process ran, in order."""
+    path = root.parent / f"{root.name}-batches.txt"
+    return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]  # type: ignore[misc]
+
+
+def test_a_script_fixing_ddp_on_two_devices_gets_plans_of_two_gpus_per_node(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``Trainer(strategy="ddp", devices=2)`` and no --cluster: planned and run on 2."""
+    script = str(SCRIPTS / "user_ddp.py")
+    code, out, err = launch(
+        [script, "--devices", "2", "--strategy", "ddp", "--target-steps", "40", *BASE], capfd
+    )
+    assert code == 0, err[-3000:]
+    run = only_run(in_tmp)
+    profile = load_profile(run / "profile.json")
+    fixed = ScriptTrainer.of(profile)
+    assert (fixed.devices, fixed.strategy, fixed.lightning_cli) == (2, "ddp", False)
+    assert profile.environment.world_size == 2  # Lightning itself started two processes
+    assert "the script fixes Trainer(devices=2, strategy='ddp')" in out
+    trained = events(run, "progress-1.jsonl")
+    assert {e.world_size for e in trained} == {2}
+    assert trained[-1].event == "done" and trained[-1].step == 40
+    # Every batch of the training run: two ranks, world 2, the script's batch of 32.
+    ran = traced(in_tmp)
+    assert {(world, batch) for _, world, batch in ran} == {(2, 32)}
+    assert {rank for rank, _, _ in ran} == {0, 1}
+
+
+def test_a_lightning_cli_script_on_a_four_gpu_plan_runs_scaled_to_two_processes(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    script = str(SCRIPTS / "cli_regressor.py")
+    code, out, err = launch(
+        [script, "fit", "--target-steps", "40", "--cluster", "g4dn.12xlarge:1", *BASE], capfd
+    )
+    assert code == 0, err[-3000:]
+    run = only_run(in_tmp)
+    assert ScriptTrainer.of(load_profile(run / "profile.json")).lightning_cli
+    trained = events(run, "progress-1.jsonl")
+    assert {e.world_size for e in trained} == {2}
+    assert trained[-1].event == "done"
+    # Lightning's logs (and LightningCLI's config.yaml) stay in the run folder.
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["srifty_runs"]
+    configs = list((run / "lightning").rglob("config.yaml"))
+    assert len(configs) == 2  # the profiling run and the training run
+    train = [(w, b) for _, w, b in traced(in_tmp) if w == 2]
+    assert train and set(train) == {(2, 32)}
+
+
+def test_a_script_without_the_callback_is_stopped_at_once_in_one_line(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    code, _, err = launch([str(SCRIPTS / "no_callback.py"), "--target-steps", "10", *BASE], capfd)
+    took = time.monotonic() - started
+    assert code != 0
+    assert took < 60.0
+    ours = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "SriftyCallback" in ours[0]
+    assert "Traceback" not in err
+    assert not open_store(str(only_run(in_tmp) / "checkpoints")).refs()  # nothing trained
+
+
+def test_two_processes_keep_the_scripts_batch_and_the_step_meets_its_prediction(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A 4-GPU plan scaled to 2 local processes: each rank runs the batch of 32 the plan
+    printed, 60 profiled steps of 32 samples become 30 steps of 64, and the measured
+    step falls inside the predicted interval."""
+    script = str(SCRIPTS / "user_ddp.py")
+    code, out, err = launch(
+        [script, "--batch-size", "32", "--target-steps", "60", "--cluster", "g4dn.12xlarge:1",
+         "--no-refine", *BASE],
+        capfd,
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert "each process trains on batches of 32 (global 64 on the 2 local process(es)" in out
+    assert "32x4=128" in out  # the plan's own line: 32 per GPU on its 4 GPUs
+    run = only_run(in_tmp)
+    trained = events(run, "progress-1.jsonl")
+    assert {e.world_size for e in trained} == {2}
+    # 60 steps of 1 x 32 samples were asked for; 25 ran while profiling.
+    assert trained[0].step == 25 and trained[-1].step == 25 + (60 - 25 + 1) // 2
+    ran = [(w, b) for _, w, b in traced(in_tmp) if w == 2]
+    assert ran and set(ran) == {(2, 32)}
+    predicted = re.search(r"step time \(predicted\): ([\d.]+) ms \[([\d.]+), ([\d.]+)\]", out)
+    measured = re.search(r"step time \(measured\): ([\d.]+) ms mean", out)
+    assert predicted and measured, out[-2000:]
+    low, high = float(predicted.group(2)), float(predicted.group(3))
+    assert low <= float(measured.group(1)) <= high

@@ -1112,6 +1112,10 @@ class RecordingUI:
     def confirm(self, plan: object) -> bool:
         return self.answer
 
+    def ask(self, question: str) -> bool:
+        self.messages.append(question)
+        return self.answer
+
     def show_dry_run(self, report: object) -> None:
         self.dry_runs.append(report)
 

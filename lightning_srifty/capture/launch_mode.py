@@ -87,7 +87,10 @@ class LaunchSession:
 
         self.settings = settings
         self.store = open_store(settings.checkpoint_uri, keep=settings.keep_checkpoints)
-        self.watcher = PreemptionWatcher(os.environ) if settings.mode == proto.MODE_TRAIN else None
+        running = settings.mode in proto.RUNNING_MODES
+        self.watcher = PreemptionWatcher(os.environ) if running else None
+        self.writes = settings.mode != proto.MODE_PROBE
+        """A probe measures steps and must leave the run's checkpoints as they were."""
         self.vote = StepVote()
         self.resumed_from = ""
         self._last_ckpt_time = time.monotonic()
@@ -113,7 +116,7 @@ class LaunchSession:
             path, checkpoint_id = restored
             install_auto_resume(trainer, path)
             self.resumed_from = checkpoint_id
-        if self.settings.mode != proto.MODE_TRAIN:
+        if self.settings.mode not in proto.RUNNING_MODES:
             return
         self._check_world_size(trainer)
         # The launcher's target may only shorten the run: the script's own max_steps and
@@ -226,7 +229,7 @@ class LaunchSession:
 
     def on_train_end(self, trainer: pl.Trainer) -> None:
         self.vote.finish()
-        if self.settings.mode == proto.MODE_TRAIN:
+        if self.settings.mode in proto.RUNNING_MODES:
             mean_step_s = self._mean_step_s(trainer)
             self.save(trainer, "final")
             self._report(trainer, "done", int(trainer.global_step), mean_step_s)
@@ -246,6 +249,8 @@ class LaunchSession:
     def save(self, trainer: pl.Trainer, reason: str) -> str:
         from lightning_srifty.capture.checkpointing import save_to_store
 
+        if not self.writes:
+            return ""
         checkpoint_id = save_to_store(trainer, self.store, reason=reason)
         self._last_ckpt_time = time.monotonic()
         self._last_ckpt_step = int(trainer.global_step)

@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--setup", help="sky backends: extra node setup commands (shell)")
     p.add_argument(
+        "--probe",
+        default="auto",
+        help="measure the plans that could be best before committing: auto (when their "
+        "intervals overlap and it pays), on, off (default auto)",
+    )
+    p.add_argument(
         "--max-attempts",
         type=int,
         default=None,
@@ -237,6 +243,7 @@ def options_from_args(
         setup=args.setup,
         refine=not args.no_refine,
         max_attempts=args.max_attempts,
+        probe=args.probe,
     )
 
 
@@ -328,6 +335,12 @@ class RichUI:
         if not sys.stdin.isatty():
             return False
         answer = self.console.input(f"Launch {plan.cluster.describe()}? [y/N] ")
+        return answer.strip().lower() in ("y", "yes")
+
+    def ask(self, question: str) -> bool:
+        if not sys.stdin.isatty():
+            return False
+        answer = self.console.input(f"{question} [y/N] ")
         return answer.strip().lower() in ("y", "yes")
 
     def show_dry_run(self, report: Any) -> None:

@@ -16,10 +16,14 @@ from lightning_srifty.core.errors import SchemaError
 from lightning_srifty.core.validate import Reader
 
 ENV_MODE = "SRIFTY_MODE"
-"""``profile``: profile, checkpoint, stop cleanly. ``train``: resume and run to target."""
+"""``profile``: profile, checkpoint, stop cleanly. ``train``: resume and run to target.
+``probe``: resume, run a few steps to measure them, and stop without writing anything."""
 MODE_PROFILE = "profile"
 MODE_TRAIN = "train"
-MODES = (MODE_PROFILE, MODE_TRAIN)
+MODE_PROBE = "probe"
+MODES = (MODE_PROFILE, MODE_TRAIN, MODE_PROBE)
+RUNNING_MODES = (MODE_TRAIN, MODE_PROBE)
+"""Modes that resume the newest checkpoint and run to a target."""
 
 ENV_PROFILE_PATH = "SRIFTY_PROFILE_PATH"
 ENV_CHECKPOINT_URI = "SRIFTY_CHECKPOINT_URI"

@@ -87,10 +87,13 @@ STEADY_MIN_REPORTS = 3
 
 
 def steady_step_time(
-    events: Sequence[ProgressEvent], *, warmup_reports: int = WARMUP_REPORTS
+    events: Sequence[ProgressEvent],
+    *,
+    warmup_reports: int = WARMUP_REPORTS,
+    min_reports: int = STEADY_MIN_REPORTS,
 ) -> float | None:
     """The current attempt's step time after warm-up: the median of its step reports,
-    its first ``warmup_reports`` left out (``None`` until enough remain).
+    its first ``warmup_reports`` left out (``None`` until ``min_reports`` remain).
 
     Unlike :func:`mean_step_time`, start-up time cannot leak in: a job whose true step is
     0.3 s reads 0.3 s however long it took to start.
@@ -100,9 +103,24 @@ def steady_step_time(
         return None
     reports = [e.step_s for e in attempts[-1] if e.event == "step" and e.step_s > 0]
     steady = reports[warmup_reports:]
-    if len(steady) < STEADY_MIN_REPORTS:
+    if len(steady) < max(min_reports, 1):
         return None
     return float(statistics.median(steady))
+
+
+def steady_spread(
+    events: Sequence[ProgressEvent], *, warmup_reports: int = WARMUP_REPORTS
+) -> tuple[float, float] | None:
+    """10th and 90th percentiles of the current attempt's step reports after warm-up
+    (how much the steady step moved while measured; ``None`` before any)."""
+    attempts = _attempts(events)
+    if not attempts:
+        return None
+    reports = [e.step_s for e in attempts[-1] if e.event == "step" and e.step_s > 0]
+    steady = sorted(reports[warmup_reports:])
+    if not steady:
+        return None
+    return steady[int(0.1 * (len(steady) - 1))], steady[int(round(0.9 * (len(steady) - 1)))]
 
 
 def _attempts(events: Sequence[ProgressEvent]) -> list[list[ProgressEvent]]:

@@ -24,6 +24,7 @@ known) and wide when a roofline ratio carried it to another GPU.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -71,8 +72,27 @@ def refit_job(
     instance type), as in a calibration fit. ``measured_step_s`` is one optimizer
     update (the profile's own step) with every process on the profile's batch.
     """
+    return refit_job_on(calibration, profile, [(cluster, measured_step_s)], gpu_specs=gpu_specs)
+
+
+def refit_job_on(
+    calibration: Calibration,
+    profile: Profile,
+    measurements: Sequence[tuple[Cluster, float]],
+    *,
+    gpu_specs: dict[str, GpuSpec],
+) -> Calibration:
+    """The job's terms refitted to several measured steps at once (probes of several
+    clusters, or a running job): each ``(cluster, seconds per optimizer update)``.
+
+    Several measurements on different shapes separate what one cannot: a single-GPU
+    probe pins the compute scale, a probe of GPUs sharing a node then shows their
+    co-location slowdown, one across GPUs or nodes the exposed communication.
+    """
     from scipy.optimize import least_squares  # lazy: only fitting needs scipy
 
+    if not measurements:
+        return calibration
     name = profile.model_name or "job"
     profile = replace(profile, model_name=name)
     instance = profile.environment.instance_type or ""
@@ -83,12 +103,13 @@ def refit_job(
         colocation_slowdown=calibration.physics.colocation_slowdown,
         instance_type=instance,
     )
-    accelerator = cluster.groups[0].offer.accelerator
-    shared = max(g.gpus_per_node for g in cluster.groups) > 1
-    communicates = cluster.world_size > 1
-    applies = base.accelerator in (accelerator, EVERY_ACCELERATOR)
-    start_scale = base.compute_scale if applies else 1.0
-    same_device = accelerator == profile.environment.accelerator
+    clusters = [c for c, _ in measurements]
+    shared = any(max(g.gpus_per_node for g in c.groups) > 1 for c in clusters)
+    communicates = any(c.world_size > 1 for c in clusters)
+    start_scale = base.compute_scale if base.accelerator else 1.0
+    same_device = all(
+        c.groups[0].offer.accelerator == profile.environment.accelerator for c in clusters
+    )
     compute_sigma = SAME_DEVICE_COMPUTE_SIGMA if same_device else COMPUTE_PRIOR_SIGMA
 
     def terms(x: np.ndarray) -> JobTerms:
@@ -110,11 +131,13 @@ def refit_job(
 
     def residuals(x: np.ndarray) -> np.ndarray:
         model = PerformanceModel(gpu_specs, with_terms(x))
-        step = model.predict(profile, cluster).step_s
-        misfit = math.log(max(step, 1e-12) / measured_step_s) / MEASUREMENT_SIGMA
-        return np.array(
-            [misfit, x[0] / compute_sigma, x[1] / COLOCATION_PRIOR_SIGMA, x[2] / TAIL_PRIOR_SIGMA]
-        )
+        misfit = [
+            math.log(max(model.predict(profile, cluster).step_s, 1e-12) / measured)
+            / MEASUREMENT_SIGMA
+            for cluster, measured in measurements
+        ]
+        priors = [x[0] / compute_sigma, x[1] / COLOCATION_PRIOR_SIGMA, x[2] / TAIL_PRIOR_SIGMA]
+        return np.array([*misfit, *priors])
 
     result = least_squares(residuals, np.zeros(3), xtol=1e-6, ftol=1e-8, max_nfev=200)
     return with_terms(result.x)

@@ -39,7 +39,13 @@ from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import CapacityError, LaunchError, SchemaError
 from lightning_srifty.core.launch_protocol import ProgressEvent
-from lightning_srifty.core.monitor import Expectation, Snapshot, snapshot, steady_step_time
+from lightning_srifty.core.monitor import (
+    Expectation,
+    Snapshot,
+    snapshot,
+    steady_spread,
+    steady_step_time,
+)
 from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.io.jsonfile import write_json_atomic
 from lightning_srifty.launch.backend import Backend, JobState, LaunchSpec
@@ -100,6 +106,22 @@ class AttemptReport:
         """The job reported ``done`` (target reached, final checkpoint saved), even if
         the node was revoked while it was shutting down."""
         return any(e.event == "done" for e in self.events)
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """A short real run of the job on one plan, measuring its steady step."""
+
+    plan: Plan
+    measured_step_s: float | None
+    """Steady seconds per step (``None``: it never ran long enough to tell)."""
+    spread_s: tuple[float, float] | None
+    """10th and 90th percentiles of its steady step reports."""
+    steps: int
+    """Steps the probe ran."""
+    elapsed_s: float
+    """Wall time from launch to stop (what the probe is billed)."""
+    state: JobState
 
 
 @dataclass(frozen=True)
@@ -421,6 +443,65 @@ class Controller:
         if interval:
             env[proto.ENV_CHECKPOINT_INTERVAL_S] = f"{interval:.3f}"
         return env
+
+    def probe(
+        self,
+        plan: Plan,
+        index: int,
+        *,
+        steady_reports: int = 5,
+        timeout_s: float = 600.0,
+        max_steps: int = 1_000_000,
+    ) -> ProbeReport:
+        """Runs the job on ``plan`` from the newest checkpoint until its steady step is
+        measured (``steady_reports`` reports after warm-up, at most ``max_steps`` steps
+        or ``timeout_s``), then stops it. The job writes no checkpoint in probe mode."""
+        start = self.resume_step() if self.resume_step is not None else self.start_step
+        env = self.env_for(0, plan)
+        env[proto.ENV_MODE] = proto.MODE_PROBE
+        env.pop(proto.ENV_TARGET_EPOCHS, None)
+        env.pop(proto.ENV_CHECKPOINT_INTERVAL_S, None)
+        env[proto.ENV_TARGET_STEPS] = str(start + max_steps)
+        path = self.run_dir / f"probe-{index}.jsonl"
+        if self.progress_is_local:
+            env[proto.ENV_PROGRESS_PATH] = str(path)
+        spec = LaunchSpec(
+            script=self.script,
+            script_args=self.args_for(plan),
+            plan=plan,
+            envs=env,
+            name=f"srifty-probe-{index}",
+        )
+        handle = self.backend.launch(spec)
+        follow = getattr(self.backend, "follow_progress", None)
+        progress: ProgressSource = ProgressFile(path)
+        if not self.progress_is_local and follow is not None:
+            progress = follow(handle)
+        t0 = self.clock()
+        state = JobState.PENDING
+        try:
+            while True:
+                state = self.backend.status(handle)
+                progress.poll()
+                if state.is_terminal or self.clock() - t0 > timeout_s:
+                    break
+                if steady_step_time(progress.events, min_reports=steady_reports) is not None:
+                    break
+                self.sleep(self.poll_s)
+        finally:
+            if isinstance(progress, LogProgress):
+                progress.stop()
+            self.backend.stop(handle)
+        progress.poll()
+        reached = max((e.step for e in progress.events), default=start)
+        return ProbeReport(
+            plan=plan,
+            measured_step_s=steady_step_time(progress.events),
+            spread_s=steady_spread(progress.events),
+            steps=max(reached - start, 0),
+            elapsed_s=self.clock() - t0,
+            state=state,
+        )
 
     @property
     def migration_log(self) -> Path:

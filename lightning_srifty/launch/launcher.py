@@ -31,10 +31,17 @@ from lightning_srifty.core.planner import (
     plan_pinned,
     predict_per_step,
 )
+from lightning_srifty.core.probing import (
+    PROBE_MODES,
+    decide_probes,
+    interval_value,
+    probe_seconds,
+)
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.script_trainer import ScriptTrainer
 from lightning_srifty.core.spot import POLICY_NAMES, make_policy, young_daly_interval
 from lightning_srifty.core.steps import StepLedger
+from lightning_srifty.core.units import format_hours, format_money, format_seconds
 from lightning_srifty.launch.backend import Backend
 from lightning_srifty.launch.controller import Controller, Migration, PreemptionSource, RunSummary
 from lightning_srifty.launch.feedback import RanOn, write_feedback
@@ -109,6 +116,9 @@ class LaunchOptions:
     """Re-plan on the running job's measured steps and migrate when that pays off."""
     max_attempts: int | None = None
     """``--max-attempts``: give up after this many attempts (``None``: no cap)."""
+    probe: str = "auto"
+    """``--probe``: measure the plans that could be best before committing (``auto``:
+    when their intervals overlap and it is worth its price; ``on``; ``off``)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -127,6 +137,10 @@ class LaunchOptions:
             raise ConfigError("--resume needs the run folder to continue")
         if self.resume and self.profile_path is not None:
             raise ConfigError("--resume reuses the run's own profile; leave out --profile")
+        if self.probe not in PROBE_MODES:
+            raise ConfigError(
+                f"--probe {self.probe!r} is not valid: use one of {', '.join(PROBE_MODES)}"
+            )
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ConfigError(f"--max-attempts must be >= 1, got {self.max_attempts}")
 
@@ -141,6 +155,8 @@ class LauncherUI(Protocol):
     def show_plan(self, result: PlanResult, request: PlanRequest) -> None: ...
 
     def confirm(self, plan: Plan) -> bool: ...
+
+    def ask(self, question: str) -> bool: ...
 
     def show_dry_run(self, report: Any) -> None: ...
 
@@ -281,18 +297,94 @@ def run_launch(
     else:
         result = plan(profile, offers, model, request)
     ui.show_plan(result, request)
+    local = backend if isinstance(backend, LocalBackend) else None
+    if local is not None:
+        local.fix_shape(per_node=script.devices, nodes=script.num_nodes)
+    world_of = functools.partial(_world_of, local)
+    fixed = {name for name in ("devices", "num_nodes", "strategy", "accelerator")
+             if getattr(script, name) is not None}  # fmt: skip
+    interval_s = _checkpoint_interval_s(options.preemptions, checkpoint_s)
+    wait_s = LOCAL_WAIT_S if local is not None else CLOUD_WAIT_S
+    policy_every_s: float | None = (
+        LOCAL_POLICY_EVERY_S if local is not None else CLOUD_POLICY_EVERY_S
+    )
+    if options.backend == "sky-jobs":
+        policy_every_s = None  # SkyPilot's jobs controller decides where the job runs
+
+    def make_controller(
+        chosen: Plan,
+        result: PlanResult,
+        model: PerformanceModel,
+        ledger: StepLedger | None,
+        target: int,
+    ) -> Controller:
+        """The run loop for ``chosen`` (also the probes', before the plan is final)."""
+        controller = Controller(
+            backend=backend,
+            extra_env=job_env,
+            script=_script_for(options, backend),
+            script_args=options.script_args,
+            run_dir=run_dir,
+            checkpoint_uri=uri,
+            target_steps=target,
+            next_planner=PolicyDecider(
+                policy=make_policy(options.policy),
+                candidates=_candidate_source(profile, offers, model, request, options.pinned),
+                home=plan_key(chosen),
+                target_steps=int(math.ceil(result.target_steps_at_base)),
+                deadline_h=request.deadline_h,
+                changeover_h=request.restart_delay_h,
+                wait_h=wait_s / 3600.0,
+            ),
+            wait_s=wait_s,
+            on_wait=lambda why, s: ui.info(f"waiting {s:.0f} s for spot ({why})"),
+            expectation_for=lambda p: _expectation(
+                p, profile, model, local, controller.target_steps
+            ),
+            preemptions=options.preemptions,
+            on_migration=ui.migration,
+            grace_s=options.grace_s,
+            checkpoint_interval_s=interval_s,
+            progress_is_local=local is not None,
+            first_attempt=next_attempt(run_dir),
+            start_step=max((ref.step for ref in store.refs()), default=0),
+            trainer_env_for=lambda p: _trainer_env(p, local, run_dir),
+            trainer_args_for=(
+                (lambda p: proto.lightning_cli_args(_trainer_env(p, local, run_dir), keep=fixed))
+                if script.lightning_cli
+                else None
+            ),
+            target_epochs=request.epochs,
+            policy_every_s=policy_every_s,
+            keep_on_interrupt=options.keep_clusters,
+            refiner=_refiner(options, profile, offers, model, request, local, checkpoint_s),
+            ledger=ledger,
+            base_per_step=lambda p: result.batch.base_per_step(world_of(p)),
+            resume_step=lambda: max((ref.step for ref in store.refs()), default=0),
+            ledger_path=run_dir / LEDGER_FILE,
+            step_limit_for=lambda p: user_limit_steps(profile, world_of(p))[0],
+            max_attempts=options.max_attempts,
+        )
+        return controller
+
+    prepare = getattr(backend, "task_options", None)
+    if prepare is not None:
+        prepare()  # the wheel, .skyignore and requirements, decided once and shown
+        for note in getattr(backend, "notes", ()):
+            ui.info(note)
+    if not options.dry_run:
+        probing = make_controller(result.best, result, model, None, result.target_steps_at_base)
+        result, model = probe_and_replan(
+            options, ui, profile, offers, model, request, result, probing, local
+        )
     chosen = result.best
     if hasattr(backend, "candidates"):
         backend.candidates = result.plans  # the managed job's ordered resources
     if not options.dry_run and not options.assume_yes and not ui.confirm(chosen):
         raise LaunchError("plan not confirmed; nothing was launched (use --yes to skip asking)")
 
-    local = backend if isinstance(backend, LocalBackend) else None
-    if local is not None:
-        local.fix_shape(per_node=script.devices, nodes=script.num_nodes)
     topology = local.topology_for(chosen.cluster) if local is not None else None
     ledger = _step_ledger(run_dir, result, options.resume)
-    world_of = functools.partial(_world_of, local)
     target = ledger.target_step(
         max((ref.step for ref in store.refs()), default=0),
         result.batch.base_per_step(world_of(chosen)),
@@ -306,65 +398,8 @@ def run_launch(
         )
     else:
         ui.info(f"each step: {result.batch.describe(chosen.cluster.world_size)}")
-    interval_s = _checkpoint_interval_s(options.preemptions, checkpoint_s)
-    wait_s = LOCAL_WAIT_S if local is not None else CLOUD_WAIT_S
-    policy_every_s: float | None = (
-        LOCAL_POLICY_EVERY_S if local is not None else CLOUD_POLICY_EVERY_S
-    )
-    if options.backend == "sky-jobs":
-        policy_every_s = None  # SkyPilot's jobs controller decides where the job runs
-    fixed = {name for name in ("devices", "num_nodes", "strategy", "accelerator")
-             if getattr(script, name) is not None}  # fmt: skip
-    controller = Controller(
-        backend=backend,
-        extra_env=job_env,
-        script=_script_for(options, backend),
-        script_args=options.script_args,
-        run_dir=run_dir,
-        checkpoint_uri=uri,
-        target_steps=target,
-        next_planner=PolicyDecider(
-            policy=make_policy(options.policy),
-            candidates=_candidate_source(profile, offers, model, request, options.pinned),
-            home=plan_key(chosen),
-            target_steps=int(math.ceil(ledger.target_base)),
-            deadline_h=request.deadline_h,
-            changeover_h=request.restart_delay_h,
-            wait_h=wait_s / 3600.0,
-        ),
-        wait_s=wait_s,
-        on_wait=lambda why, s: ui.info(f"waiting {s:.0f} s for spot ({why})"),
-        expectation_for=lambda p: _expectation(p, profile, model, local, controller.target_steps),
-        preemptions=options.preemptions,
-        on_migration=ui.migration,
-        grace_s=options.grace_s,
-        checkpoint_interval_s=interval_s,
-        progress_is_local=local is not None,
-        first_attempt=next_attempt(run_dir),
-        start_step=max((ref.step for ref in store.refs()), default=0),
-        trainer_env_for=lambda p: _trainer_env(p, local, run_dir),
-        trainer_args_for=(
-            (lambda p: proto.lightning_cli_args(_trainer_env(p, local, run_dir), keep=fixed))
-            if script.lightning_cli
-            else None
-        ),
-        target_epochs=request.epochs,
-        policy_every_s=policy_every_s,
-        keep_on_interrupt=options.keep_clusters,
-        refiner=_refiner(options, profile, offers, model, request, local, checkpoint_s),
-        ledger=ledger,
-        base_per_step=lambda p: result.batch.base_per_step(world_of(p)),
-        resume_step=lambda: max((ref.step for ref in store.refs()), default=0),
-        ledger_path=run_dir / LEDGER_FILE,
-        step_limit_for=lambda p: user_limit_steps(profile, world_of(p))[0],
-        max_attempts=options.max_attempts,
-    )
+    controller = make_controller(chosen, result, model, ledger, target)
 
-    prepare = getattr(backend, "task_options", None)
-    if prepare is not None:
-        prepare()  # the wheel, .skyignore and requirements, decided once and shown
-        for note in getattr(backend, "notes", ()):
-            ui.info(note)
     if options.dry_run:
         report = _dry_run(controller, chosen, run_dir) if remote else None
         ui.show_dry_run(report)
@@ -598,11 +633,17 @@ def _expectation(
     local: LocalBackend | None,
     target: int,
 ) -> Expectation:
-    """What the plan promises on the hardware that really runs it."""
+    """What the plan promises on the hardware that really runs it (this machine's
+    processes locally: a probe's measurement of them, when one ran)."""
     if local is not None:
-        run = predict_per_step(
-            model, profile, local_cluster(profile, local.topology_for(p.cluster))
-        )
+        topology = local.topology_for(p.cluster)
+        if topology in local.measured:
+            step, p10, p90 = local.measured[topology]
+            cal = model.calibration
+            low = min(step * math.exp(min(cal.residual_low, 0.0)), p10)
+            high = max(step * math.exp(max(cal.residual_high, 0.0)), p90)
+            return Expectation(step, low, high, p.hourly_usd, target)
+        run = predict_per_step(model, profile, local_cluster(profile, topology))
         return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
     return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
 
@@ -625,6 +666,148 @@ def _ran_on(p: Plan, backend: Backend) -> RanOn:
             group.offer.instance_type, group.offer.region, group.nodes, group.gpus_per_node
         )
     return RanOn(None, group.offer.region, p.cluster.nodes, group.gpus_per_node)
+
+
+PROBE_STARTUP_LOCAL_S = 10.0
+"""Seconds from launch to a local probe's first step (torch import, gloo, restore)."""
+
+
+def probe_and_replan(
+    options: LaunchOptions,
+    ui: LauncherUI,
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+    result: PlanResult,
+    controller: Controller,
+    local: LocalBackend | None,
+) -> tuple[PlanResult, PerformanceModel]:
+    """Probes the plans that could be the best when that is worth it, refits the job on
+    what they measured and plans again; returns the (possibly new) plans and model."""
+    from lightning_srifty.fit.refine import refit_job_on  # lazy: scipy
+
+    remote = local is None
+    startup_s = PROBE_STARTUP_LOCAL_S if local is not None else request.restart_delay_h * 3600
+    decision = decide_probes(
+        result.plans,
+        objective=request.objective,
+        hardware=functools.partial(_probe_hardware, local),
+        startup_s=startup_s,
+        mode=options.probe,
+        unknown_compute=remote and profile.environment.accelerator == "cpu",
+    )
+    if options.probe == "off":
+        return result, model
+    if not decision.run:
+        ui.info(decision.reason)
+        return result, model
+    where = " on this machine, standing in for the cloud," if local is not None else ""
+    ui.info(
+        f"probing {len(decision.plans)} plan(s){where} before committing: {decision.reason} "
+        f"(about {format_seconds(decision.seconds)}, {format_money(decision.cost_usd)} at plan "
+        "prices)"
+    )
+    if (
+        remote
+        and not options.assume_yes
+        and not ui.ask(
+            f"Probe {len(decision.plans)} plan(s) for about {format_money(decision.cost_usd)}?"
+        )
+    ):
+        ui.info("probes declined; planning on the profile alone")
+        return result, model
+    measured: list[tuple[Cluster, float]] = []
+    spent_usd, spent_s = 0.0, 0.0
+    k = profile.environment.accumulate_grad_batches
+    for index, p in enumerate(decision.plans, 1):
+        report = controller.probe(
+            p, index, timeout_s=startup_s * 3 + probe_seconds(p.step_high_s) * 3
+        )
+        spent_s += report.elapsed_s
+        spent_usd += report.elapsed_s / 3600.0 * p.hourly_usd
+        ran = local_cluster(profile, local.topology_for(p.cluster)) if local else p.cluster
+        before = predict_per_step(model, profile, ran).step_s
+        if report.measured_step_s is None:
+            ui.info(
+                f"probe {index} on {p.cluster.describe()} measured nothing ({report.state.value})"
+            )
+            continue
+        measured.append((ran, report.measured_step_s * k))
+        if local is not None:
+            low, high = report.spread_s or (report.measured_step_s, report.measured_step_s)
+            local.measured[local.topology_for(p.cluster)] = (report.measured_step_s, low, high)
+        ui.info(
+            f"probe {index} on {p.cluster.describe()}: {report.measured_step_s * 1e3:.1f} ms per "
+            f"step measured against {before * 1e3:.1f} ms predicted ({report.steps} steps, "
+            f"{report.elapsed_s:.0f} s)"
+        )
+    if not measured:
+        ui.info("the probes measured nothing; planning on the profile alone")
+        return result, model
+    refitted = PerformanceModel(
+        model.gpu_specs,
+        refit_job_on(model.calibration, profile, measured, gpu_specs=model.gpu_specs),
+    )
+    was = result.best
+    if options.pinned:
+        again = plan_pinned(profile, offers, refitted, request, options.pinned)
+    else:
+        again = plan(profile, offers, refitted, request)
+    now = again.best
+    key = "time" if request.objective == "time" else "cost"
+    repriced = _repriced(profile, offers, refitted, request, was)
+    spent = f"the probes cost {format_money(spent_usd)} at plan prices ({spent_s:.0f} s)"
+    if _same_plan(now, was):
+        ui.info(f"{spent}; the plan held: {now.cluster.describe()}")
+    else:
+        gain = ""
+        if repriced is not None:
+            old, new = interval_value(repriced, key, "mid"), interval_value(now, key, "mid")
+            gain = (
+                f", {format_hours(old - new)} sooner"
+                if key == "time"
+                else f", {format_money(old - new)} cheaper than plan #1 as measured"
+            )
+        ui.info(
+            f"{spent}; the plan changed from {was.cluster.describe()} to "
+            f"{now.cluster.describe()}{gain}"
+        )
+    ui.show_plan(again, request)
+    return again, refitted
+
+
+def _probe_hardware(local: LocalBackend | None, p: Plan) -> object:
+    """What a probe of ``p`` measures: this machine's processes locally, else the
+    instance types, GPUs per node and whether it crosses nodes."""
+    if local is not None:
+        return local.topology_for(p.cluster)
+    shape = tuple(sorted((g.offer.instance_type, g.gpus_per_node) for g in p.cluster.groups))
+    return shape, p.cluster.nodes > 1
+
+
+def _same_plan(a: Plan, b: Plan) -> bool:
+    return (a.cluster.describe(), a.use_spot, plan_key(a)) == (
+        b.cluster.describe(),
+        b.use_spot,
+        plan_key(b),
+    )
+
+
+def _repriced(
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+    was: Plan,
+) -> Plan | None:
+    """``was`` priced again by ``model`` (its shape pinned, same market)."""
+    shape = tuple((g.offer.instance_type, g.nodes) for g in was.cluster.groups)
+    try:
+        pinned = plan_pinned(profile, offers, model, dataclasses.replace(request, top_k=50), shape)
+    except (InfeasibleError, ConfigError):
+        return None
+    return next((p for p in pinned.plans if p.use_spot == was.use_spot), None)
 
 
 def _refiner(

@@ -110,6 +110,8 @@ class LocalBackend:
         self._launches = 0
         self._fixed_per_node: int | None = None
         self._fixed_nodes: int | None = None
+        self.measured: dict[LocalTopology, tuple[float, float, float]] = {}
+        """Steady step (median, 10th, 90th percentile) a probe measured per topology."""
 
     @staticmethod
     def thread_env() -> dict[str, str]:
@@ -154,10 +156,14 @@ class LocalBackend:
         if not Path(spec.script).is_file():
             raise LaunchError(f"script not found: {spec.script}")
         topology = self.topology_for(spec.plan.cluster)
-        self._launches += 1
-        while (self.run_dir / f"attempt-{self._launches}").exists():
-            self._launches += 1  # a resumed run: never write into an earlier attempt's folder
-        attempt_dir = self.run_dir / f"attempt-{self._launches}"
+        label = spec.name.removeprefix("srifty-")
+        if label.startswith("probe-"):
+            attempt_dir = self.run_dir / label  # probes do not count as attempts
+        else:
+            self._launches += 1
+            while (self.run_dir / f"attempt-{self._launches}").exists():
+                self._launches += 1  # a resumed run: never write into an earlier one's folder
+            attempt_dir = self.run_dir / f"attempt-{self._launches}"
         attempt_dir.mkdir(parents=True, exist_ok=True)
         state_dir = attempt_dir / "state"
         state_dir.mkdir(exist_ok=True)

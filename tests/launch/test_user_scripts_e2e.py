@@ -117,12 +117,13 @@ def test_a_script_without_the_callback_is_stopped_at_once_in_one_line(
     assert not open_store(str(only_run(in_tmp) / "checkpoints")).refs()  # nothing trained
 
 
-def test_two_processes_keep_the_scripts_batch_and_the_step_meets_its_prediction(
+def test_two_processes_keep_the_scripts_batch_the_plan_printed(
     in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A 4-GPU plan scaled to 2 local processes: each rank runs the batch of 32 the plan
-    printed, 60 profiled steps of 32 samples become 30 steps of 64, and the measured
-    step falls inside the predicted interval."""
+    printed, and 60 profiled steps of 32 samples become steps of 64. (Whether the
+    measured step falls inside the plan's interval is timing, measured by
+    ``benchmarks/bench_plan_is_run.py``.)"""
     script = str(SCRIPTS / "user_ddp.py")
     code, out, err = launch(
         [script, "--batch-size", "32", "--target-steps", "60", "--cluster", "g4dn.12xlarge:1",
@@ -139,8 +140,4 @@ def test_two_processes_keep_the_scripts_batch_and_the_step_meets_its_prediction(
     assert trained[0].step == 25 and trained[-1].step == 25 + (60 - 25 + 1) // 2
     ran = [(w, b) for _, w, b in traced(in_tmp) if w == 2]
     assert ran and set(ran) == {(2, 32)}
-    predicted = re.search(r"step time \(predicted\): ([\d.]+) ms \[([\d.]+), ([\d.]+)\]", out)
-    measured = re.search(r"step time \(measured\): ([\d.]+) ms mean", out)
-    assert predicted and measured, out[-2000:]
-    low, high = float(predicted.group(2)), float(predicted.group(3))
-    assert low <= float(measured.group(1)) <= high
+    assert re.search(r"step time \(predicted\): [\d.]+ ms \[[\d.]+, [\d.]+\]", out)

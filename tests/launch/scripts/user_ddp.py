@@ -5,7 +5,7 @@ The Trainer may fix its own shape (``--devices 2 --strategy ddp`` become
 only, ``TRACE_BATCHES=<file>`` makes every rank append ``rank world batch`` for each
 training batch it runs (the job's own record of what ran).
 
-    python user_ddp.py [--devices N] [--strategy S] [--batch-size B] [--max-steps N]
+    python user_ddp.py [--devices N] [--strategy S] [--batch-size B] [--max-steps N] [--conv]
 """
 
 from __future__ import annotations
@@ -24,9 +24,16 @@ from lightning_srifty import SriftyCallback
 
 
 class Regressor(L.LightningModule):
-    def __init__(self, hidden: int = 64) -> None:
+    def __init__(self, conv: bool = False) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        if conv:  # compute-bound: many FLOPs, few parameters to all-reduce
+            self.net = nn.Sequential(
+                nn.Unflatten(1, (2, 4, 4)), nn.Upsample(scale_factor=6),
+                nn.Conv2d(2, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1),
+                nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 1),
+            )  # fmt: skip
+        else:
+            self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -46,6 +53,7 @@ def main() -> int:
     p.add_argument("--strategy", default=None)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--conv", action="store_true", help="a compute-bound convolutional model")
     args = p.parse_args()
     L.seed_everything(0)
     g = torch.Generator().manual_seed(0)
@@ -64,7 +72,7 @@ def main() -> int:
         callbacks=[SriftyCallback()],
         **fixed,
     )
-    trainer.fit(Regressor(), data)
+    trainer.fit(Regressor(conv=args.conv), data)
     return 0
 
 

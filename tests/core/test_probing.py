@@ -1,0 +1,75 @@
+"""When a probe is worth running: overlapping intervals, and a price below the stake."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
+from lightning_srifty.core.probing import decide_probes, interval_value
+
+
+def _plan(itype: str, cost: float, spread: float, hourly: float = 2.0) -> Plan:
+    offer = Offer(itype, "T4", 1, 16.0, 4.0, 16.0, "us-east-1", "use1-az1", hourly, None,
+                  "none", 25.0)  # fmt: skip
+    step = 0.1
+    return Plan(
+        Cluster((ClusterGroup(offer, 1, 1),)), False, step, step * (1 - spread),
+        step * (1 + spread), 32, 1000, cost / hourly, cost, hourly,
+    )  # fmt: skip
+
+
+def _kind(p: Plan) -> str:
+    return p.cluster.groups[0].offer.instance_type
+
+
+def test_interval_ends_scale_the_objective_with_the_step() -> None:
+    p = _plan("a", 100.0, 0.2)
+    assert interval_value(p, "cost", "low") == pytest.approx(80.0)
+    assert interval_value(p, "cost", "high") == pytest.approx(120.0)
+    assert interval_value(p, "time", "mid") == pytest.approx(p.time_to_target_h)
+
+
+def test_overlapping_plans_on_other_hardware_are_probed_when_the_stake_is_larger() -> None:
+    plans = [_plan("a", 100.0, 0.2), _plan("a", 101.0, 0.2), _plan("b", 110.0, 0.2),
+             _plan("c", 200.0, 0.2)]  # fmt: skip
+    decision = decide_probes(plans, objective="cost", hardware=_kind, startup_s=300.0)
+    assert decision.run
+    assert [_kind(p) for p in decision.plans] == ["a", "b"]  # one per hardware; c is out
+    assert decision.potential == pytest.approx(120.0 - 88.0)
+    assert decision.cost_usd == pytest.approx(2 * (300 + 10.0) / 3600 * 2.0)
+
+
+def test_no_overlap_no_probe() -> None:
+    plans = [_plan("a", 100.0, 0.1), _plan("b", 150.0, 0.1)]
+    decision = decide_probes(plans, objective="cost", hardware=_kind, startup_s=300.0)
+    assert not decision.run and "do not overlap" in decision.reason
+
+
+def test_a_probe_dearer_than_what_it_could_save_is_skipped() -> None:
+    plans = [_plan("a", 1.0, 0.2, hourly=50.0), _plan("b", 1.05, 0.2, hourly=50.0)]
+    decision = decide_probes(plans, objective="cost", hardware=_kind, startup_s=600.0)
+    assert not decision.run and "more than the" in decision.reason
+    forced = decide_probes(plans, objective="cost", hardware=_kind, startup_s=600.0, mode="on")
+    assert forced.run and len(forced.plans) == 2
+    off = decide_probes(plans, objective="cost", hardware=_kind, startup_s=600.0, mode="off")
+    assert not off.run
+
+
+def test_a_cpu_profile_probes_every_kind_of_gpu_in_the_ranking() -> None:
+    plans = [_plan("a", 1.0, 0.1), _plan("b", 5.0, 0.1), _plan("c", 9.0, 0.1),
+             _plan("d", 9.5, 0.1)]  # fmt: skip
+    decision = decide_probes(
+        plans, objective="cost", hardware=_kind, startup_s=300.0, unknown_compute=True
+    )
+    assert [_kind(p) for p in decision.plans] == ["a", "b", "c"]  # at most three
+    assert "ran on a CPU" in decision.reason
+
+
+def test_the_time_objective_weighs_hours() -> None:
+    slow = dataclasses.replace(_plan("a", 1.0, 0.3), time_to_target_h=10.0)
+    fast = dataclasses.replace(_plan("b", 3.0, 0.3), time_to_target_h=11.0)
+    decision = decide_probes([slow, fast], objective="time", hardware=_kind, startup_s=60.0)
+    assert decision.run and decision.potential == pytest.approx(13.0 - 7.7)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from lightning_srifty.cli import launch_cmd
-from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.io.profile_io import load_profile
+from tests.launch.e2e import events, only_run
 
 pytestmark = pytest.mark.slow
 
@@ -33,25 +33,6 @@ def launch(argv: list[str], capfd: pytest.CaptureFixture[str]) -> tuple[int, str
     code = launch_cmd.main(argv if argv[0] == "--resume" else [str(SCRIPT), *argv])
     out, err = capfd.readouterr()
     return code, out, err
-
-
-def events(run: Path, name: str) -> list[ProgressEvent]:
-    lines = (run / name).read_text().splitlines()
-    return [ProgressEvent.from_line(line) for line in lines if line.strip()]
-
-
-def only_run(root: Path) -> Path:
-    runs = sorted((root / "srifty_runs").iterdir())
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
-@pytest.fixture
-def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The working directory of the command: nothing may land here but srifty_runs/."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    return tmp_path
 
 
 def test_transformer_pinned_to_four_gpus_runs_as_one_ddp_job(

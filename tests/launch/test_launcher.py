@@ -66,6 +66,42 @@ def _options(tmp_path: Path, script: Path, **overrides: object) -> LaunchOptions
     return LaunchOptions(**values)  # type: ignore[arg-type]
 
 
+def test_a_cpu_profile_is_probed_on_gpus_before_a_skypilot_run(
+    s3_uri: str, tmp_path: Path, sky_offline: object
+) -> None:
+    """Srifty profiles on the VMs it prices: a profile taken on a CPU says nothing about
+    any GPU, so the distinct GPU types at the top of the ranking are probed first, each
+    on its own cluster that is taken down, and the plan is made again on them."""
+    from lightning_srifty.launch.sky_backend import SkyBackend
+
+    project = examples_copy(tmp_path)
+    fake = FakeSkyApi(
+        clock=VirtualClock(speed=600.0),
+        scripts=[ClusterScript(provision_s=60, setup_s=30, steps_per_s=2.0)] * 4,
+    )
+    fake.initial_step = 25
+    run_dir = project / "srifty_runs" / "r1"
+    backend = SkyBackend(sdk=fake, workdir=str(project), checkpoint_uri=s3_uri, run_dir=run_dir)
+    options = _options(tmp_path, project / "train_digits.py", backend="sky",
+                       checkpoint_uri=s3_uri, run_dir=run_dir)  # fmt: skip
+    ui = RecordingUI()
+    outcome = run_launch(options, ui, backend=backend)
+    assert outcome.run is not None
+    modes = [task.envs[proto.ENV_MODE] for _, task, _ in fake.launched]
+    probes = modes.index(proto.MODE_TRAIN)
+    assert probes >= 2 and set(modes[:probes]) == {proto.MODE_PROBE}
+    assert modes[probes:] == [proto.MODE_TRAIN]
+    probed = [name for name, _, _ in fake.launched[:probes]]
+    assert set(probed) <= set(fake.downs)  # every probe cluster was taken down
+    kinds = {
+        (task.resources.copy().pop().instance_type, task.num_nodes > 1)
+        for _, task, _ in fake.launched[:probes]
+    }
+    assert len(kinds) == probes  # one probe per instance type, on one node and on several
+    said = "\n".join(ui.messages)
+    assert "the profile ran on a CPU" in said and "the probes cost $" in said
+
+
 def test_full_loop_resumes_at_the_exact_profile_step(tmp_path: Path) -> None:
     script = argv_recording_script(tmp_path)
     ui = RecordingUI()
@@ -155,6 +191,7 @@ def test_sky_backend_launches_real_tasks_through_the_sdk(
         checkpoint_uri=s3_uri,
         script_args=("--seed", "3"),
         run_dir=run_dir,
+        probe="off",  # the probes of a CPU profile have a test of their own
     )
     ui = RecordingUI()
     outcome = run_launch(options, ui, backend=backend)

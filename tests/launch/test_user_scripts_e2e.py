@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from lightning_srifty.cli import launch_cmd
-from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.script_trainer import ScriptTrainer
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.io.profile_io import load_profile
+from tests.launch.e2e import events, only_run
 
 pytestmark = pytest.mark.slow
 
@@ -26,30 +26,16 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 BASE = ["--yes", "--catalog", "bundled"]
 
 
-@pytest.fixture
-def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The working directory of the command: nothing may land here but srifty_runs/."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+@pytest.fixture(autouse=True)
+def trace_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank of the scripts appends ``rank world batch`` for each batch it runs."""
     monkeypatch.setenv("TRACE_BATCHES", str(tmp_path.parent / f"{tmp_path.name}-batches.txt"))
-    return tmp_path
 
 
 def launch(argv: list[str], capfd: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = launch_cmd.main(argv)
     out, err = capfd.readouterr()
     return code, out, err
-
-
-def events(run: Path, name: str) -> list[ProgressEvent]:
-    lines = (run / name).read_text().splitlines()
-    return [ProgressEvent.from_line(line) for line in lines if line.strip()]
-
-
-def only_run(root: Path) -> Path:
-    runs = sorted((root / "srifty_runs").iterdir())
-    assert len(runs) == 1, runs
-    return runs[0]
 
 
 def traced(root: Path) -> list[tuple[int, int, int]]:

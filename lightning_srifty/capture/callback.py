@@ -3,8 +3,10 @@
 One line of integration, ``Trainer(callbacks=[SriftyCallback()])``. The callback skips
 warm-up steps, counts FLOPs on the last warm-up step (the counter slows that step, so
 it is never timed), then times ``profile_steps`` steps (or ``profile_epochs`` epochs).
-Steps are optimizer steps: with ``accumulate_grad_batches=k`` one step spans k
-micro-batches, and the profile records k.
+The profile's timing unit is an optimizer update: with ``accumulate_grad_batches=k`` a
+profiled step spans k batches, and the profile records k (the planner prices updates
+and reports seconds per batch). Under the launcher the unit of targets, progress and
+checkpoints is a batch of the training loop, whatever the optimisation.
 
 * phases from Lightning hooks: forward (batch start → ``on_before_backward``), backward
   (→ ``on_after_backward``, which under DDP includes waiting for the last bucket),
@@ -209,12 +211,16 @@ class SriftyCallback(pl.Callback):
         state: dict[str, Any] = {"state_version": STATE_VERSION, "profiled": self.profiled}
         if self._session is not None:
             state["rng"] = gather_rng_states()
+            state["steps"] = self._session.steps
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.profiled = bool(state_dict.get("profiled", False))
         rng = state_dict.get("rng")
         self._pending_rng = list(rng) if isinstance(rng, list) else None
+        steps = state_dict.get("steps")
+        if self._session is not None and isinstance(steps, int):
+            self._session.restored_steps = steps
 
     def _reset_window(self) -> None:
         self._clock: Clock = CpuClock()
@@ -223,6 +229,9 @@ class SriftyCallback(pl.Callback):
         self._micro_in_step = 0
         """Micro-batches of the optimizer step under way (``accumulate_grad_batches``)."""
         self._global_step_at_start = 0
+        self._window_global_step = 0
+        """Lightning's optimizer steps when the window started (it counts each optimizer
+        a manual ``training_step`` steps)."""
         self._epochs_in_window = 0
         self._measuring = False
         self._in_step = False
@@ -302,14 +311,15 @@ class SriftyCallback(pl.Callback):
         now = time.perf_counter()
         data_wait = now - self._last_end_host if self._last_end_host is not None else 0.0
         if self._micro_in_step == 0:
-            # The first micro-batch of an optimizer step: warm-up, FLOPs and window
-            # boundaries are counted in optimizer steps, whatever the accumulation.
+            # The first micro-batch of an optimizer update: warm-up, FLOPs and window
+            # boundaries are counted in updates, whatever the accumulation.
             self._global_step_at_start = int(trainer.global_step)
             if self._seen_steps == self.warmup_steps - 1:
                 self._flop_mode = FlopCounterMode(display=False)
                 self._flop_mode.__enter__()
                 self._flop_forward = {}
             if self._seen_steps == self.warmup_steps:
+                self._window_global_step = int(trainer.global_step)
                 self._start_window(pl_module, batch)
             if self._measuring:
                 self._micros, self._calls, self._stack = [], [], []
@@ -701,7 +711,12 @@ class SriftyCallback(pl.Callback):
             comm_backend=backend,
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             dataset_size=_samples_per_epoch(trainer, self._local_batch_size),
-            trainer_limits=_trainer_limits(trainer, micro),
+            trainer_limits=_trainer_limits(
+                trainer,
+                micro,
+                int(trainer.global_step) - self._window_global_step,
+                sum(self._micro_counts),
+            ),  # fmt: skip
             script=facts_for(trainer),
         )
 
@@ -821,21 +836,32 @@ def _tracker_names(counts: Mapping[str, Any], root: torch.nn.Module) -> dict[str
     return out
 
 
-def _trainer_limits(trainer: pl.Trainer, micro_batches: int) -> dict[str, Any]:
-    """The script's own ``max_steps``/``max_epochs`` and its optimizer steps per epoch.
+def _trainer_limits(
+    trainer: pl.Trainer, micro_batches: int, window_updates: int, window_batches: int
+) -> dict[str, Any]:
+    """The script's own ``max_steps``/``max_epochs``, and what converts them to steps.
 
     Recorded so the launcher can tell before launching whether the script's limits stop
-    training before the target it plans for (it never lifts them).
+    training before the target it plans for (it never lifts them). The launcher counts
+    steps as batches of the training loop; Lightning's ``max_steps`` counts optimizer
+    steps (one per ``accumulate_grad_batches`` batches, or one per optimizer a manual
+    ``training_step`` steps), so the window's measured ratio goes with it.
     """
     batches = trainer.num_training_batches
     per_epoch = None
+    batches_per_epoch = None
     if isinstance(batches, int) and batches > 0:
         per_epoch = -(-batches // max(micro_batches, 1))
+        batches_per_epoch = batches
     max_epochs = trainer.max_epochs
+    ratio = window_updates / window_batches if window_batches > 0 else 1.0 / max(micro_batches, 1)
     return {
         "max_steps": int(trainer.max_steps),
         "max_epochs": int(max_epochs) if max_epochs is not None else -1,
         "steps_per_epoch": per_epoch,
+        "batches_per_epoch": batches_per_epoch,
+        "optimizer_steps_per_batch": round(ratio, 6),
+        "automatic_optimization": bool(trainer.lightning_module.automatic_optimization),
         "world_size": int(trainer.world_size),
     }
 

@@ -42,8 +42,13 @@ CHECKPOINT_FILE = "checkpoint.ckpt"
 
 
 # ------------------------------------------------------------------------- saving
-def save_to_store(trainer: pl.Trainer, store: CheckpointStore, *, reason: str) -> str:
+def save_to_store(
+    trainer: pl.Trainer, store: CheckpointStore, *, reason: str, step: int | None = None
+) -> str:
     """Saves a full Lightning checkpoint and uploads it; every rank must call this.
+
+    ``step`` is what the manifest records (the launcher's count of batches; Lightning's
+    ``global_step`` when not given).
 
     ``Trainer.save_checkpoint`` is collective (all ranks build the state, rank zero
     writes), so is this. Rank zero uploads, then tells every rank the outcome, so no rank
@@ -65,7 +70,7 @@ def save_to_store(trainer: pl.Trainer, store: CheckpointStore, *, reason: str) -
             written = time.monotonic()
             ref = store.save(
                 path,
-                step=int(trainer.global_step),
+                step=int(trainer.global_step) if step is None else step,
                 reason=reason,
                 extra={
                     "epoch": int(trainer.current_epoch),

@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +99,12 @@ class LaunchSession:
         self._last_report_step = 0
         self._first_step = 0
         self._train_started_at: float | None = None
+        self.steps = 0
+        """Batches of the training loop this run has done (restored with a checkpoint):
+        the unit of every target, report and checkpoint, whatever the optimisation."""
+        self.restored_steps: int | None = None
+        """What the restored checkpoint counted (set by the callback's state)."""
+        self._undo_workers: Callable[[], None] | None = None
 
     # ----------------------------------------------------------- lifecycle
     def setup(self, trainer: pl.Trainer) -> None:
@@ -118,15 +124,14 @@ class LaunchSession:
             self.resumed_from = checkpoint_id
         if self.settings.mode not in proto.RUNNING_MODES:
             return
+        from lightning_srifty.capture.workers import keep_workers_through_sigterm
+
+        # Before Lightning starts the loaders' workers (right after this hook).
+        self._undo_workers = keep_workers_through_sigterm()
         self._check_world_size(trainer)
-        # The launcher's target may only shorten the run: the script's own max_steps and
-        # max_epochs (parsed into the fit loop, which reads them from here on) still hold.
-        target = self.settings.target_steps
+        # The launcher's target (in batches, counted by after_step) may only shorten the
+        # run: the script's own max_steps and max_epochs still hold.
         loop = trainer.fit_loop
-        if target is not None and (
-            loop.epoch_loop.max_steps < 0 or target < loop.epoch_loop.max_steps
-        ):
-            loop.epoch_loop.max_steps = target
         epochs = self.settings.target_epochs
         if epochs is not None:
             whole = math.ceil(epochs)
@@ -162,7 +167,12 @@ class LaunchSession:
         if self.watcher is not None:
             # After Lightning installed its SIGTERM handler, so ours takes the signal.
             self.watcher.start()
-        step = int(trainer.global_step)
+        if self.restored_steps is not None:
+            self.steps = self.restored_steps
+        elif self.resumed_from:
+            # a checkpoint from before steps were counted: its optimizer steps
+            self.steps = int(trainer.global_step)
+        step = self.steps
         self._last_report_step = step
         self._last_ckpt_step = step
         self._first_step = step
@@ -177,7 +187,8 @@ class LaunchSession:
 
     def after_step(self, trainer: pl.Trainer) -> None:
         """Called at every batch end: progress, target, preemption, periodic save."""
-        step = int(trainer.global_step)
+        self.steps += 1
+        step = self.steps
         now = time.monotonic()
         if now - self._last_report_time >= PROGRESS_EVERY_S and step > self._last_report_step:
             per_step = (now - self._last_report_time) / (step - self._last_report_step)
@@ -224,7 +235,7 @@ class LaunchSession:
         if self.settings.mode != proto.MODE_PROFILE:
             return
         self.save(trainer, "profile-end")
-        self._report(trainer, "profile-done", int(trainer.global_step), 0.0)
+        self._report(trainer, "profile-done", self.steps, 0.0)
         trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer) -> None:
@@ -232,11 +243,11 @@ class LaunchSession:
         if self.settings.mode in proto.RUNNING_MODES:
             mean_step_s = self._mean_step_s(trainer)
             self.save(trainer, "final")
-            self._report(trainer, "done", int(trainer.global_step), mean_step_s)
+            self._report(trainer, "done", self.steps, mean_step_s)
 
     def _mean_step_s(self, trainer: pl.Trainer) -> float:
         """Mean step time of this attempt so far (0 before the first step)."""
-        steps = int(trainer.global_step) - self._first_step
+        steps = self.steps - self._first_step
         if steps <= 0 or self._train_started_at is None:
             return 0.0
         return (time.monotonic() - self._train_started_at) / steps
@@ -244,6 +255,9 @@ class LaunchSession:
     def close(self) -> None:
         if self.watcher is not None:
             self.watcher.close()
+        if self._undo_workers is not None:
+            self._undo_workers()
+            self._undo_workers = None
 
     # ------------------------------------------------------------- actions
     def save(self, trainer: pl.Trainer, reason: str) -> str:
@@ -251,12 +265,10 @@ class LaunchSession:
 
         if not self.writes:
             return ""
-        checkpoint_id = save_to_store(trainer, self.store, reason=reason)
+        checkpoint_id = save_to_store(trainer, self.store, reason=reason, step=self.steps)
         self._last_ckpt_time = time.monotonic()
-        self._last_ckpt_step = int(trainer.global_step)
-        self._report(
-            trainer, "checkpoint", int(trainer.global_step), 0.0, checkpoint=checkpoint_id or ""
-        )
+        self._last_ckpt_step = self.steps
+        self._report(trainer, "checkpoint", self.steps, 0.0, checkpoint=checkpoint_id or "")
         return checkpoint_id or ""
 
     def _emergency_exit(self, trainer: pl.Trainer) -> None:
@@ -269,11 +281,10 @@ class LaunchSession:
         after = "" if noticed_at is None else f", {time.monotonic() - noticed_at:.1f} s after it"
         if trainer.is_global_zero:
             print(
-                f"srifty: {why}; emergency checkpoint {checkpoint_id} at step "
-                f"{trainer.global_step}{after}",
+                f"srifty: {why}; emergency checkpoint {checkpoint_id} at step {self.steps}{after}",
                 file=sys.stderr,
             )
-        self._report(trainer, "preempted", int(trainer.global_step), 0.0, checkpoint=checkpoint_id)
+        self._report(trainer, "preempted", self.steps, 0.0, checkpoint=checkpoint_id)
         code = finish_preempted(self.settings.state_dir)
         self.close()
         sys.stdout.flush()

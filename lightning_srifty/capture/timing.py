@@ -175,7 +175,8 @@ class ModelFacts:
     dataset_size: int | None = None
     """Samples one epoch consumes across all ranks (for ``--epochs`` targets), if known."""
     trainer_limits: dict[str, Any] | None = None
-    """The script's own ``max_steps``/``max_epochs`` and optimizer steps per epoch."""
+    """The script's own ``max_steps``/``max_epochs``, batches per epoch and measured
+    optimizer steps per batch (see ``callback._trainer_limits``)."""
     script: dict[str, Any] | None = None
     """What the script fixes in ``Trainer(...)`` and how it builds it (LightningCLI or
     not), when the launcher's profiling run recorded it."""

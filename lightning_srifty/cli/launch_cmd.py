@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preempt-trace", help="local backend: replay a spot trace JSON file")
     p.add_argument("--time-scale", type=float, default=3600.0,
                    help="trace seconds per wall second when replaying (default 3600)")  # fmt: skip
-    p.add_argument("--grace", default="20s", help="SIGTERM-to-SIGKILL grace on revocation")
+    p.add_argument(
+        "--grace",
+        default="30s",
+        help="local backend: SIGTERM-to-SIGKILL grace on revocation (default 30s, as "
+        "SkyPilot's own kill of a job's processes)",
+    )
     p.add_argument("--local-procs", type=int, default=2, help="local backend: max processes")
     p.add_argument("--local-nodes", type=int, default=2, help="local backend: max nodes")
     p.add_argument(
@@ -467,12 +472,23 @@ def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
             (
                 "  migration",
                 f"{move.from_plan} -> {move.to_plan}; resumed at step {move.resumed_step} "
-                f"(preempted at {move.step_at_preemption}), {move.lost_s:.1f} s lost",
+                f"({_reached(move)}), {move.lost_s:.1f} s lost",
             )
         )
     rows.append(("wall time", format_hours(run.elapsed_s / 3600.0)))
     rows.append(("cost at plan prices", format_money(run.cost_usd)))
     return rows
+
+
+def _reached(move: Migration) -> str:
+    """What the job itself said about the step it reached when it was interrupted."""
+    if move.saved_at_preemption:
+        return f"the job saved step {move.step_at_preemption} when interrupted"
+    redo = max(move.step_at_preemption - move.resumed_step, 0)
+    return (
+        f"no emergency checkpoint; its last report was step {move.step_at_preemption}, "
+        f"{redo} step{'s' if redo != 1 else ''} run again"
+    )
 
 
 def _progress_table(plan: Plan, snap: Snapshot, expect: Expectation) -> Table:

@@ -28,6 +28,7 @@ RUNNING_MODES = (MODE_TRAIN, MODE_PROBE)
 ENV_PROFILE_PATH = "SRIFTY_PROFILE_PATH"
 ENV_CHECKPOINT_URI = "SRIFTY_CHECKPOINT_URI"
 ENV_TARGET_STEPS = "SRIFTY_TARGET_STEPS"
+"""Stop once this many steps (batches of the training loop, from the run's first) ran."""
 ENV_TARGET_EPOCHS = "SRIFTY_TARGET_EPOCHS"
 """Train this many epochs (``--epochs``): counted by the job, right on any world size."""
 ENV_WORLD_SIZE = "SRIFTY_WORLD_SIZE"
@@ -39,7 +40,7 @@ PROGRESS_LINE_PREFIX = "SRIFTY_PROGRESS "
 """What starts a progress line in a job's log; the JSON event follows."""
 ENV_CHECKPOINT_INTERVAL_S = "SRIFTY_CHECKPOINT_INTERVAL_S"
 ENV_CHECKPOINT_EVERY_STEPS = "SRIFTY_CHECKPOINT_EVERY_STEPS"
-"""Also checkpoint every N optimizer steps (whichever of time and steps comes first)."""
+"""Also checkpoint every N steps (whichever of time and steps comes first)."""
 ENV_KEEP_CHECKPOINTS = "SRIFTY_KEEP_CHECKPOINTS"
 """How many checkpoints the store retains (default 3)."""
 ENV_STATE_DIR = "SRIFTY_STATE_DIR"
@@ -72,11 +73,14 @@ TRAINER_ENV_PREFIX = "PL_TRAINER_"
 launcher can shape an unchanged ``Trainer(...)``; arguments the script passes win."""
 
 
-def trainer_env(*, nodes: int, devices_per_node: int, root_dir: str | None) -> dict[str, str]:
+def trainer_env(
+    *, nodes: int, devices_per_node: int, root_dir: str | None, strategy: str = "ddp"
+) -> dict[str, str]:
     """``PL_TRAINER_*`` defaults that make a plain ``Trainer`` run the planned job.
 
-    ``devices``, ``num_nodes`` and (for more than one process) ``strategy="ddp"`` give a
-    DDP job of ``nodes * devices_per_node`` processes under torchrun; ``default_root_dir``
+    ``devices``, ``num_nodes`` and (for more than one process) ``strategy`` (``"ddp"``, or
+    a DDP flavour the job needs) give a DDP job of ``nodes * devices_per_node`` processes
+    under torchrun; ``default_root_dir``
     keeps Lightning's logs and checkpoints in the run folder, not the working directory.
     """
     if nodes < 1 or devices_per_node < 1:
@@ -89,7 +93,7 @@ def trainer_env(*, nodes: int, devices_per_node: int, root_dir: str | None) -> d
     if root_dir is not None:
         env[f"{TRAINER_ENV_PREFIX}DEFAULT_ROOT_DIR"] = root_dir
     if nodes * devices_per_node > 1:
-        env[f"{TRAINER_ENV_PREFIX}STRATEGY"] = "ddp"
+        env[f"{TRAINER_ENV_PREFIX}STRATEGY"] = strategy
     return env
 
 
@@ -122,7 +126,8 @@ class ProgressEvent:
     time: float
     """Unix time of the event."""
     step: int
-    """Global step (optimizer steps) reached."""
+    """Steps reached: batches of the training loop on every process, counted from the
+    run's first batch (not Lightning's ``global_step``, which counts optimizer steps)."""
     step_s: float = 0.0
     """Mean step time over the steps since the previous ``step`` event."""
     checkpoint: str = ""

@@ -69,9 +69,13 @@ class Migration:
     from_plan: str
     to_plan: str
     step_at_preemption: int
+    """The step the job had reached: where it saved its emergency checkpoint, or else the
+    last step it reported (it may have run a little further)."""
     resumed_step: int
     lost_s: float
     """Wall time from the preemption until the new attempt reported progress."""
+    saved_at_preemption: bool = False
+    """The job saved an emergency checkpoint at the step it reached (nothing to redo)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,11 @@ class AttemptReport:
     @property
     def last_step(self) -> int:
         return max((e.step for e in self.events), default=0)
+
+    @property
+    def preempted_step(self) -> int | None:
+        """Where the job saved its emergency checkpoint, by its own account."""
+        return next((e.step for e in reversed(self.events) if e.event == "preempted"), None)
 
     @property
     def finished(self) -> bool:
@@ -370,7 +379,8 @@ class Controller:
     max_stalled_attempts: int = 20
     """Attempts in a row that end without a new step (the job cannot start, or no
     capacity anywhere) before the run gives up; any progress resets the count."""
-    grace_s: float = 20.0
+    grace_s: float = 30.0
+    """SIGTERM to SIGKILL when a job is revoked or drained (SkyPilot waits 30 s)."""
     cooldown_attempts: int = 2
     """Attempts (or waits) during which a preempted offer counts as unavailable."""
     wait_s: float = 60.0
@@ -614,6 +624,7 @@ class Controller:
                     to_plan=_describe(new_plan),
                     step_at_preemption=report.last_step,
                     resumed_step=report.last_step,
+                    saved_at_preemption=report.preempted_step == report.last_step,
                     lost_s=0.0,
                 )
                 migrations.append(migration)

@@ -103,7 +103,9 @@ class LaunchOptions:
     catalog: str = "auto"
     calibration: Path | None = None
     preemptions: PreemptionSource | None = None
-    grace_s: float = 20.0
+    grace_s: float = 30.0
+    """SIGTERM to SIGKILL on a local revocation: SkyPilot's own 30 s
+    (``sky/skylet/subprocess_daemon.py: kill_process_tree``)."""
     local_max_nodes: int = 2
     local_max_procs: int = 2
     policy: str = "srifty"
@@ -348,9 +350,13 @@ def run_launch(
             progress_is_local=local is not None,
             first_attempt=next_attempt(run_dir),
             start_step=max((ref.step for ref in store.refs()), default=0),
-            trainer_env_for=lambda p: _trainer_env(p, local, run_dir),
+            trainer_env_for=lambda p: _trainer_env(p, local, run_dir, profile),
             trainer_args_for=(
-                (lambda p: proto.lightning_cli_args(_trainer_env(p, local, run_dir), keep=fixed))
+                (
+                    lambda p: proto.lightning_cli_args(
+                        _trainer_env(p, local, run_dir, profile), keep=fixed
+                    )
+                )
                 if script.lightning_cli
                 else None
             ),
@@ -508,19 +514,29 @@ def _check_pinned_types(options: LaunchOptions) -> None:
 
 def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
     """Where the script's own ``max_steps``/``max_epochs`` stop training on ``world``
-    processes (``None``: no limit known), and which setting that is.
+    processes, in steps (batches of the training loop; ``None``: no limit known), and
+    which setting that is.
 
-    Each process keeps the batch it was written with, so an epoch takes fewer steps on
-    more processes: steps per epoch scale by profiled world size over ``world``.
+    Lightning's ``max_steps`` counts optimizer steps: ``accumulate_grad_batches`` batches
+    make one, a manual ``training_step`` stepping two optimizers makes two per batch; the
+    profile measured the ratio. Each process keeps its batch, so an epoch takes fewer
+    steps on more processes: batches per epoch scale by profiled world size over ``world``.
     """
     limits = profile.extra.get("trainer")
     if not isinstance(limits, dict):
         return None, ""
+    k = profile.environment.accumulate_grad_batches
     found: list[tuple[int, str]] = []
     max_steps = limits.get("max_steps")
-    if isinstance(max_steps, int) and max_steps > 0:
-        found.append((max_steps, f"max_steps={max_steps}"))
-    max_epochs, per_epoch = limits.get("max_epochs"), limits.get("steps_per_epoch")
+    ratio = limits.get("optimizer_steps_per_batch")
+    if not isinstance(ratio, int | float):
+        ratio = 1.0 / k  # profiles from before the ratio was measured
+    if isinstance(max_steps, int) and max_steps > 0 and ratio > 0:
+        found.append((math.ceil(max_steps / ratio - 1e-9), f"max_steps={max_steps}"))
+    max_epochs = limits.get("max_epochs")
+    per_epoch = limits.get("batches_per_epoch")
+    if not isinstance(per_epoch, int) and isinstance(limits.get("steps_per_epoch"), int):
+        per_epoch = limits["steps_per_epoch"] * k
     profiled_on = limits.get("world_size") or profile.environment.world_size
     if isinstance(max_epochs, int) and max_epochs > 0 and isinstance(per_epoch, int):
         steps = max_epochs * math.ceil(per_epoch * int(profiled_on) / max(world, 1))
@@ -567,21 +583,41 @@ def _step_ledger(run_dir: Path, result: PlanResult, resume: bool) -> StepLedger:
     return StepLedger(target_base=float(result.target_steps_at_base))
 
 
-def _trainer_env(p: Plan, local: LocalBackend | None, run_dir: Path) -> dict[str, str]:
+def _trainer_env(
+    p: Plan, local: LocalBackend | None, run_dir: Path, profile: Profile
+) -> dict[str, str]:
     """``PL_TRAINER_*`` for the processes that run ``p`` (this machine's, locally)."""
+    strategy = ddp_strategy(profile)
     if local is not None:
         topo = local.topology_for(p.cluster)
         return proto.trainer_env(
             nodes=topo.nodes,
             devices_per_node=topo.procs_per_node,
             root_dir=str((run_dir / "lightning").resolve()),
+            strategy=strategy,
         )
     group = p.cluster.groups[0]
     env = proto.trainer_env(
-        nodes=p.cluster.nodes, devices_per_node=max(group.gpus_per_node, 1), root_dir=None
+        nodes=p.cluster.nodes,
+        devices_per_node=max(group.gpus_per_node, 1),
+        root_dir=None,
+        strategy=strategy,
     )
     env[proto.ENV_WORLD_SIZE] = str(p.cluster.world_size)  # mixes: groups differ per node
     return env
+
+
+def ddp_strategy(profile: Profile) -> str:
+    """The DDP flavour a script needs when the launcher makes it data parallel.
+
+    A manual ``training_step`` (a GAN) runs several backward passes a batch, each over
+    part of the model; DDP then needs to look for the parameters a pass did not use, or
+    it stops with "parameters that were not used in producing the loss". Lightning's
+    ``ddp_find_unused_parameters_true`` does that; everything else gets plain ``ddp``.
+    """
+    limits = profile.extra.get("trainer")
+    manual = isinstance(limits, dict) and limits.get("automatic_optimization") is False
+    return "ddp_find_unused_parameters_true" if manual else "ddp"
 
 
 def _after_interrupt(backend: Backend, options: LaunchOptions, ui: LauncherUI) -> None:

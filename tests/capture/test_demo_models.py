@@ -179,6 +179,11 @@ def test_accumulation_profiles_optimizer_steps(tmp_path: Path) -> None:
     assert two.flops_per_step == pytest.approx(2 * one.flops_per_step)
     layer_forward = sum(x.forward_s for x in two.layers)
     assert 0.7 <= layer_forward / two.steps.forward_s <= 1.01
-    # The profile's checkpoint lands after warm-up + window in optimizer steps (2 + 4).
-    assert open_store(str(store)).refs()[0].step == 6
-    assert two.extra["trainer"]["steps_per_epoch"] == 128 // CNN_BATCH // 2
+    # The window counts optimizer updates (2 of warm-up + 4); the checkpoint records the
+    # launcher's steps, batches of the training loop: two per update.
+    assert open_store(str(store)).refs()[0].step == 2 * (2 + 4)
+    limits = two.extra["trainer"]
+    assert limits["steps_per_epoch"] == 128 // CNN_BATCH // 2
+    assert limits["batches_per_epoch"] == 128 // CNN_BATCH
+    assert limits["optimizer_steps_per_batch"] == pytest.approx(0.5)
+    assert limits["automatic_optimization"] is True

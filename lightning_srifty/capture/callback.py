@@ -212,6 +212,7 @@ class SriftyCallback(pl.Callback):
         if self._session is not None:
             state["rng"] = gather_rng_states()
             state["steps"] = self._session.steps
+            state["loaders"] = self._session.loader_states()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -221,6 +222,9 @@ class SriftyCallback(pl.Callback):
         steps = state_dict.get("steps")
         if self._session is not None and isinstance(steps, int):
             self._session.restored_steps = steps
+        loaders = state_dict.get("loaders")
+        if self._session is not None and isinstance(loaders, list):
+            self._session.pending_loader_states = [x for x in loaders if isinstance(x, dict)]
 
     def _reset_window(self) -> None:
         self._clock: Clock = CpuClock()
@@ -306,6 +310,8 @@ class SriftyCallback(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._session is not None:
+            self._session.exit_if_preempted()
         if self.profiled:
             return
         now = time.perf_counter()
@@ -391,7 +397,13 @@ class SriftyCallback(pl.Callback):
         self._micro_in_step = 0
         self._last_end_host = time.perf_counter()
 
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._session is not None:
+            self._session.exit_if_preempted()  # no validation on a node going away
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._session is not None:
+            self._session.exit_if_preempted()
         if self._measuring and self.profile_epochs is not None:
             self._epochs_in_window += 1
             if self._epochs_in_window >= self.profile_epochs:

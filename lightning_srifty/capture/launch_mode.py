@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 
@@ -105,12 +106,21 @@ class LaunchSession:
         self.restored_steps: int | None = None
         """What the restored checkpoint counted (set by the callback's state)."""
         self._undo_workers: Callable[[], None] | None = None
+        self.exit_pending = False
+        """An emergency checkpoint is saved; the process ends at the next hook."""
+        self.samplers: list[Any] = []
+        """The training loaders' :class:`ResumingBatchSampler` (rebuilt plain loaders)."""
+        self._trainer: pl.Trainer | None = None
+        self.pending_loader_states: list[dict[str, Any]] | None = None
+        """Where the restored checkpoint's loaders stood (set by the callback's state)."""
 
     # ----------------------------------------------------------- lifecycle
     def setup(self, trainer: pl.Trainer) -> None:
         """Arranges the automatic resume before Lightning restores state."""
         from lightning_srifty.capture.checkpointing import install_auto_resume, restore_latest
 
+        self._trainer = trainer
+        self._resume_loaders_exactly(trainer)
         try:
             restored = restore_latest(self.store)
         except CheckpointError as exc:
@@ -137,6 +147,50 @@ class LaunchSession:
             whole = math.ceil(epochs)
             if loop.max_epochs is None or loop.max_epochs < 0 or whole < loop.max_epochs:
                 loop.max_epochs = whole
+
+    def _resume_loaders_exactly(self, trainer: pl.Trainer) -> None:
+        """Rebuilds each plain training ``DataLoader`` so that a resume continues at its
+        exact batch (:mod:`~lightning_srifty.capture.resumable_sampler`).
+
+        Lightning prepares every training loader through its data connector's
+        ``_prepare_dataloader`` (distributed sampler included) right before it starts
+        iterating, after the checkpoint is restored; the rebuilt loader takes the
+        restored position there.
+        """
+        from lightning.pytorch.trainer.states import RunningStage
+
+        from lightning_srifty.capture.resumable_sampler import make_resumable
+
+        connector = getattr(trainer, "_data_connector", None)
+        original = getattr(connector, "_prepare_dataloader", None)
+        if connector is None or original is None:
+            return  # another Lightning: plain loaders restart their epoch, as before
+
+        def prepare(dataloader: Any, shuffle: bool, mode: Any) -> Any:
+            prepared = original(dataloader, shuffle, mode)
+            if mode != RunningStage.TRAINING:
+                return prepared
+            rebuilt = make_resumable(prepared)
+            if rebuilt is None:
+                return prepared
+            sampler: Any = rebuilt.batch_sampler
+            index = len(self.samplers)
+            states = self.pending_loader_states or []
+            if index < len(states):
+                sampler.resume(states[index], int(trainer.world_size))
+            self.samplers.append(sampler)
+            return rebuilt
+
+        connector._prepare_dataloader = prepare
+
+    def loader_states(self) -> list[dict[str, Any]]:
+        """Where each rebuilt training loader stands, for the checkpoint."""
+        trainer = self._trainer
+        if trainer is None or not self.samplers:
+            return []
+        current: Any = trainer.fit_loop.epoch_loop.batch_progress.current
+        done = int(current.processed)
+        return [s.state_dict(done, int(trainer.world_size)) for s in self.samplers]
 
     def _check_world_size(self, trainer: pl.Trainer) -> None:
         """Stops a job whose Trainer does not run the processes the launcher started.
@@ -187,6 +241,8 @@ class LaunchSession:
 
     def after_step(self, trainer: pl.Trainer) -> None:
         """Called at every batch end: progress, target, preemption, periodic save."""
+        if self.exit_pending:
+            return
         self.steps += 1
         step = self.steps
         now = time.monotonic()
@@ -239,6 +295,7 @@ class LaunchSession:
         trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer) -> None:
+        self.exit_if_preempted()
         self.vote.finish()
         if self.settings.mode in proto.RUNNING_MODES:
             mean_step_s = self._mean_step_s(trainer)
@@ -272,8 +329,13 @@ class LaunchSession:
         return checkpoint_id or ""
 
     def _emergency_exit(self, trainer: pl.Trainer) -> None:
-        from lightning_srifty.capture.preemption import finish_preempted
+        """Saves the step every rank just finished; the process exits at the next hook
+        after this batch's own (:meth:`exit_if_preempted`).
 
+        The callback's ``on_train_batch_end`` runs before the LightningModule's and
+        Lightning's own end-of-batch work (metrics, loggers); exiting here would skip them
+        for a batch the checkpoint counts as done.
+        """
         assert self.watcher is not None
         checkpoint_id = self.save(trainer, "emergency")
         noticed_at = self.watcher.noticed_at
@@ -285,9 +347,19 @@ class LaunchSession:
                 file=sys.stderr,
             )
         self._report(trainer, "preempted", self.steps, 0.0, checkpoint=checkpoint_id)
+        self.exit_pending = True
+
+    def exit_if_preempted(self) -> None:
+        """Ends the process once an emergency checkpoint is saved (called at the next
+        batch start, validation start, epoch end or train end)."""
+        if not self.exit_pending:
+            return
+        from lightning_srifty.capture.preemption import finish_preempted
+
         code = finish_preempted(self.settings.state_dir)
         self.close()
         sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)  # skip teardown: the node is going away
 
     def _report(

@@ -1,0 +1,64 @@
+"""An unmodified Lightning script with a plain shuffled DataLoader, plus the callback.
+
+Dropout draws from the global generator every step, so the loss curve depends on the
+data order and on the random state alike. For the tests only, ``LOSS_LOG=<file>`` makes
+rank zero append ``step loss`` (the loss with every digit) after each batch.
+
+    python plain_loader.py [--max-steps N] [--num-workers W]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_srifty import SriftyCallback
+
+
+class Classifier(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Dropout(0.3),
+                                 nn.Linear(64, 4))  # fmt: skip
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        log = os.environ.get("LOSS_LOG")
+        if log and self.global_rank == 0:
+            with open(log, "a") as fh:
+                fh.write(f"{self.global_step} {float(outputs['loss']).hex()}\n")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--num-workers", type=int, default=0)
+    args = p.parse_args()
+    L.seed_everything(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 20, generator=g)
+    y = (x[:, :4].argmax(1) + (x[:, 4] > 0).long()) % 4
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
+                        num_workers=args.num_workers)  # fmt: skip
+    trainer = L.Trainer(max_steps=args.max_steps, enable_progress_bar=False,
+                        enable_model_summary=False, logger=False,
+                        enable_checkpointing=False, callbacks=[SriftyCallback()])  # fmt: skip
+    trainer.fit(Classifier(), loader)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

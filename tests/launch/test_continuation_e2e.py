@@ -1,0 +1,103 @@
+"""An unchanged script trains the same through ``srifty-launch`` as through ``python``.
+
+``scripts/plain_loader.py`` is what a Lightning user writes: a plain
+``DataLoader(shuffle=True)``, dropout, SGD with momentum, the callback and nothing else.
+Rank zero writes the exact loss of every step (``LOSS_LOG``). The profile→train
+handover and every preemption (SIGTERM to all processes, ``--preempt-every``) must keep
+the curve of an uninterrupted ``python plain_loader.py`` bit for bit on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_srifty.cli import launch_cmd
+from tests.launch.e2e import only_run
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "plain_loader.py")
+BASE = ["--yes", "--catalog", "bundled"]
+
+
+def _losses(path: Path) -> dict[int, list[str]]:
+    """Every logged loss of each step (a step run twice shows twice)."""
+    out: dict[int, list[str]] = {}
+    for line in path.read_text().splitlines():
+        step, loss = line.split()
+        out.setdefault(int(step), []).append(loss)
+    return out
+
+
+def _python(steps: int, log: Path, cwd: Path) -> dict[int, list[str]]:
+    env = {**os.environ, "LOSS_LOG": str(log), "OMP_NUM_THREADS": "1"}
+    subprocess.run(  # noqa: S603 - fixed argv
+        [sys.executable, SCRIPT, "--max-steps", str(steps)], env=env, cwd=cwd, check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return _losses(log)
+
+
+def _launch(
+    argv: list[str], log: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> dict[int, list[str]]:
+    monkeypatch.setenv("LOSS_LOG", str(log))
+    code = launch_cmd.main([SCRIPT, *argv, *BASE])
+    _, err = capfd.readouterr()
+    assert code == 0, err[-3000:]
+    return _losses(log)
+
+
+def _same(reference: dict[int, list[str]], launched: dict[int, list[str]]) -> None:
+    assert sorted(launched) == sorted(reference)
+    for step, (loss,) in reference.items():
+        assert launched[step] == [loss], step  # once, and bit for bit
+
+
+def test_the_profile_handover_keeps_the_loss_curve(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    reference = _python(200, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent)
+    launched = _launch(
+        ["--target-steps", "200", "--cluster", "g4dn.xlarge:1"],
+        in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
+    )  # fmt: skip
+    _same(reference, launched)  # steps 25 and on came from the training run
+
+
+def test_preemptions_keep_the_loss_curve(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    reference = _python(3000, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent)
+    launched = _launch(
+        ["--target-steps", "3000", "--cluster", "g4dn.xlarge:1", "--preempt-every", "3s"],
+        in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
+    )  # fmt: skip
+    moves = (only_run(in_tmp) / "migrations.jsonl").read_text().splitlines()
+    assert len(moves) >= 2
+    _same(reference, launched)
+
+
+def test_ddp_resumes_at_the_exact_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two processes (Lightning's DistributedSampler): a run revoked every 3 s trains
+    exactly as the same launch never revoked."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    runs = {}
+    for name, extra in (("calm", []), ("revoked", ["--preempt-every", "3s"])):
+        folder = tmp_path / name
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        runs[name] = _launch(
+            ["--target-steps", "2400", "--cluster", "g4dn.12xlarge:1", *extra],
+            tmp_path / f"{name}.txt", monkeypatch, capfd,
+        )  # fmt: skip
+    moves = (only_run(tmp_path / "revoked") / "migrations.jsonl").read_text().splitlines()
+    assert len(moves) >= 2
+    assert runs["revoked"] == runs["calm"]

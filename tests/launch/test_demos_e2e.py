@@ -87,13 +87,14 @@ def test_cnn_with_accumulation_trains_exactly_the_epochs_asked(
     run = only_run(in_tmp)
     profile = load_profile(run / "profile.json")
     assert profile.environment.accumulate_grad_batches == 2
-    # The profile's window is in optimizer steps: 5 warm-up + 20 measured.
+    # The profile's window is in optimizer updates (5 warm-up + 20 measured), two batches
+    # each; steps count batches.
     stopped = next(e for e in events(run, "profile-progress.jsonl") if e.event == "profile-done")
-    assert stopped.step == 25
-    # 640 images in batches of 8, two per optimizer step: one epoch is 40 steps.
+    assert stopped.step == 2 * 25
+    # 640 images in batches of 8: one epoch is 80 steps.
     done = events(run, "progress-1.jsonl")[-1]
-    assert done.event == "done" and done.step == 40
-    assert "40/40" in out or "40 / 40" in out
+    assert done.event == "done" and done.step == 80
+    assert "steps done: 80 / 80" in out
     flops = {x.name: x.flops for x in profile.layers}
     assert flops["net.conv1"] > 0 and flops["net.fc1"] > 0  # called through self.net(x)
 

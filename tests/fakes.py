@@ -22,7 +22,7 @@ from typing import Any
 from lightning_srifty.core.launch_protocol import PROGRESS_LINE_PREFIX, ProgressEvent
 
 # ---------------------------------------------------------------------------------------
-# SkyPilot API server (owned by launch/sky_backend.py and launch/sky_jobs.py)
+# SkyPilot API server (owned by launch/sky_client.py, sky_backend.py and sky_jobs.py)
 #
 # Every sky.* SDK call goes to a SkyPilot API server that provisions cloud VMs, which
 # cannot run here. FakeSkyApi stands in for exactly that surface: the client SDK calls

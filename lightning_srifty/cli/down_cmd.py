@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, *, backend: Any = None) -> int:
         print(f"{run_dir / LEDGER_NAME}: {known}; nothing to do")
         return 0
     if backend is None:
-        from lightning_srifty.launch.sky_backend import ApiPatience
+        from lightning_srifty.launch.sky_client import ApiPatience
         from lightning_srifty.launch.sky_jobs import SkyJobsBackend
 
         backend = SkyJobsBackend(

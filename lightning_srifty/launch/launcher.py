@@ -964,7 +964,8 @@ def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:
 
 def _dry_run(controller: Controller, chosen: Plan, run_dir: Path) -> Any:
     """The task YAML a real launch would submit, priced by SkyPilot's optimizer offline."""
-    from lightning_srifty.launch.sky_backend import SkyClient, build_tasks, dry_run
+    from lightning_srifty.launch.sky_client import SkyClient
+    from lightning_srifty.launch.sky_tasks import build_tasks, dry_run
 
     backend = controller.backend
     assert isinstance(backend, SkyClient)

@@ -18,15 +18,12 @@ from typing import TYPE_CHECKING, Any
 from lightning_srifty.core.cluster import Plan
 from lightning_srifty.core.errors import ConfigError, LaunchError
 from lightning_srifty.launch.backend import JobState, LaunchSpec
-from lightning_srifty.launch.sky_backend import (
+from lightning_srifty.launch.sky_client import LostRequest, SkyClient, SkyJobsSdk, real_jobs_sdk
+from lightning_srifty.launch.sky_tasks import (
     ENV_GROUP_INDEX,
     ENV_TOTAL_NODES,
-    SkyClient,
-    SkyJobsSdk,
-    _LostRequest,
     build_task,
     group_resources,
-    real_jobs_sdk,
 )
 
 if TYPE_CHECKING:
@@ -171,7 +168,7 @@ class SkyJobsBackend(SkyClient):
         candidates: The planner's ranked plans; :func:`same_shape` picks from them.
         jobs_sdk: The managed-jobs SDK surface (the real one by default).
         recovery: ``job_recovery`` strategy name.
-        **options: As :class:`~lightning_srifty.launch.sky_backend.SkyClient`.
+        **options: As :class:`~lightning_srifty.launch.sky_client.SkyClient`.
     """
 
     name = "skypilot-jobs"
@@ -221,7 +218,7 @@ class SkyJobsBackend(SkyClient):
             request = self._call(
                 lambda: self.jobs_sdk.launch(task, name=name), f"submit {name}", resend=False
             )
-        except _LostRequest as lost:
+        except LostRequest as lost:
             raise LaunchError(
                 f"submitting managed job {name} failed in transit ({lost}); check "
                 f"`sky jobs queue` for a job named {name} before launching again"

@@ -33,19 +33,18 @@ from lightning_srifty.core.launch_protocol import ENV_CHECKPOINT_URI
 from lightning_srifty.io.cluster_ledger import ClusterLedger
 from lightning_srifty.launch import sky_runtime
 from lightning_srifty.launch.backend import JobState, LaunchSpec
-from lightning_srifty.launch.sky_backend import (
+from lightning_srifty.launch.sky_backend import SkyBackend
+from lightning_srifty.launch.sky_client import combine_states, map_status
+from lightning_srifty.launch.sky_tasks import (
     ENV_EXPECTED_HOURLY_USD,
     ENV_MASTER_ADDR,
     ENV_NODE_RANK_OFFSET,
     ENV_TOTAL_NODES,
-    SkyBackend,
     build_task,
     build_tasks,
     checked_envs,
-    combine_states,
     dry_run,
     make_time_estimator,
-    map_status,
     plan_to_resources,
     task_to_yaml,
 )

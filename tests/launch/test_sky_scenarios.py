@@ -26,7 +26,8 @@ from lightning_srifty.io.cluster_ledger import ClusterLedger
 from lightning_srifty.launch.backend import LaunchSpec
 from lightning_srifty.launch.controller import Controller, RunSummary
 from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
-from lightning_srifty.launch.sky_backend import ApiPatience, SkyBackend, SkyClient
+from lightning_srifty.launch.sky_backend import SkyBackend
+from lightning_srifty.launch.sky_client import ApiPatience, SkyClient
 from lightning_srifty.launch.sky_jobs import SkyJobsBackend
 from tests.fakes import SAVE_S, ClusterScript, FakeSkyApi
 from tests.launch.test_sky_backend import homogeneous

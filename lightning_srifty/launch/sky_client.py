@@ -372,6 +372,33 @@ class SkyClient:
         self._down_names(names)
         return names
 
+    def live_recorded(self) -> list[str]:
+        """What the ledger lists as not down and SkyPilot still reports, as
+        ``name (STATUS)`` (``--resume`` refuses to start a second writer beside it).
+
+        The status is refreshed from the cloud (``StatusRefreshMode.FORCE``): a cluster
+        whose VMs are gone must not block a resume.
+        """
+        if self.ledger is None:
+            return []
+        from sky.utils import common as sky_common
+
+        names = [e.name for e in self.ledger.not_down() if e.kind == "cluster"]
+        if not names:
+            return []
+        records = self._call(
+            lambda: self.sdk.get(
+                self.sdk.status(names, refresh=sky_common.StatusRefreshMode.FORCE)
+            ),
+            f"status of {', '.join(names)}",
+        )
+        live = []
+        for record in records or []:
+            status = str(getattr(record["status"], "value", record["status"]))
+            if record["name"] in names and status in ("INIT", "UP"):
+                live.append(f"{record['name']} ({status})")
+        return live
+
     def _down_names(self, names: Sequence[str]) -> None:
         """Tears down each cluster (retried); ClusterDoesNotExist means already gone.
 

@@ -301,6 +301,32 @@ class SkyJobsBackend(SkyClient):
         if self.ledger is not None:
             self.ledger.mark(job.name, "down", kind="managed-job", job_id=job.job_id)
 
+    def live_recorded(self) -> list[str]:
+        """As :meth:`SkyClient.live_recorded`, plus the run's managed jobs not yet ended."""
+        live = super().live_recorded()
+        if self.ledger is None:
+            return live
+        jobs = [e for e in self.ledger.not_down() if e.kind == "managed-job"]
+        if not jobs:
+            return live
+        result = self._call(
+            lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False)),
+            "managed job queue",
+        )
+        records = result[0] if isinstance(result, tuple) else result
+        for entry in jobs:
+            for record in records or []:
+                same = (
+                    int(record["job_id"]) == entry.job_id
+                    if entry.job_id is not None
+                    else record.get("job_name") == entry.name
+                )
+                raw = record["status"]
+                status = str(getattr(raw, "value", raw))
+                if same and not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
+                    live.append(f"managed job {entry.job_id or entry.name} ({status})")
+        return live
+
     def down_recorded(self) -> list[str]:
         names = super().down_recorded()
         if self.ledger is None:

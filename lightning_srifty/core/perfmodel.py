@@ -62,7 +62,7 @@ from lightning_srifty.core.comm import (
     simulate_overlap,
 )
 from lightning_srifty.core.errors import PredictionError
-from lightning_srifty.core.links import inter_node_bytes_s, intra_node_bytes_s
+from lightning_srifty.core.links import TRANSPORTS, inter_node_bytes_s, intra_node_bytes_s
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.trees import cell_codes
 
@@ -441,15 +441,23 @@ class PerformanceModel:
             cols, phys.intra_efficiencies(), phys.inter_efficiencies(), phys.tcp_flow_gbps
         )
         intra_bw = _row_min(np.where(present & (gpn > 1), intra_each, np.inf))
-        inter_each = inter_node_bytes_s(cols, gpn, phys.inter_efficiencies(), phys.tcp_flow_gbps)
+        # NCCL runs one network for every rank: a cluster mixing EFA and TCP nodes talks
+        # over sockets throughout
+        efa = present & (cols.transport == TRANSPORTS.index("efa"))
+        mixed = _row_max(efa) & ~_row_all(~present | efa)
+        sockets_only = mixed[:, None] & efa
+        inter_each = inter_node_bytes_s(
+            cols, gpn, phys.inter_efficiencies(), phys.tcp_flow_gbps, sockets_only
+        )
         inter_bw = _row_min(np.where(present, inter_each, np.inf))
-        hop = np.asarray(phys.inter_latencies())[cols.transport]
+        transport = np.where(sockets_only, 0, cols.transport)
+        hop = np.asarray(phys.inter_latencies())[transport]
         inter_latency = _row_max(np.where(present, hop, 0.0))
         intra_hop = np.where(
             cols.isolated, hop, np.asarray(phys.intra_latencies())[cols.interconnect]
         )
         intra_latency = _row_max(np.where(present & (gpn > 1), intra_hop, 0.0))
-        tunnelled = _row_max(np.where(present, (cols.transport == 0) & cols.encapsulated, False))
+        tunnelled = _row_max(np.where(present, (transport == 0) & cols.encapsulated, False))
         two_way = np.where(
             (total_nodes == 2) & tunnelled.astype(bool), phys.tcp_two_way_slowdown, 1.0
         )

@@ -188,10 +188,16 @@ def load_planning_inputs(
     options: LaunchOptions, profiled_on: str
 ) -> tuple[tuple[Offer, ...], PerformanceModel]:
     """Catalog offers and the performance model (files are read here, once)."""
+    from lightning_srifty.core.links import DEFAULT_EFA_MODE
     from lightning_srifty.io.calibration_io import calibration_or_default
     from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
 
-    offers = planning_offers(options.catalog, profiled_on)
+    efa = DEFAULT_EFA_MODE
+    if options.backend in SKY_BACKENDS:
+        from lightning_srifty.launch.sky_tasks import launched_efa_mode
+
+        efa = launched_efa_mode()  # price EFA as SkyPilot will attach it
+    offers = planning_offers(options.catalog, profiled_on, efa=efa)
     calibration = calibration_or_default(options.calibration)
     return offers, PerformanceModel(load_gpu_specs(), calibration)
 

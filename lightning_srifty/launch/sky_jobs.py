@@ -136,9 +136,9 @@ def managed_task(
     }
     pin_zone = bool(task_options.get("pin_zone", False))
     resources = [
-        group_resources(p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone).copy(
-            job_recovery=dict(job_recovery)
-        )
+        group_resources(
+            p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone, efa=p.cluster.uses_efa
+        ).copy(job_recovery=dict(job_recovery))
         for p in plans
     ]
     task.set_resources(resources)  # a list: SkyPilot tries them in this order

@@ -555,7 +555,8 @@ def test_resume_refuses_while_the_runs_managed_job_lives(
     # The laptop closed; the user comes back and asks to resume the same run.
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('never run: the resume must stop before')\n")
-    options = LaunchOptions(script=str(script), script_args=(), request=PlanRequest(target_steps=50),
+    request = PlanRequest(target_steps=50)
+    options = LaunchOptions(script=str(script), script_args=(), request=request,
                             backend="sky-jobs", run_dir=tmp_path, resume=True,
                             assume_yes=True, checkpoint_uri=s3_uri)  # fmt: skip
     again = make_backend(fake, tmp_path, managed=True)

@@ -606,7 +606,9 @@ def test_launch_status_stop_records_the_real_task(sky: Any, tmp_path: Path) -> N
 
     ((cluster_name, task, kwargs),) = fake.launched
     assert isinstance(task, sky.Task)
-    assert cluster_name == "run-t3st01" and kwargs["down"] is False
+    # SkyPilot itself takes the cluster down 10 idle minutes after its job ends.
+    assert cluster_name == "run-t3st01" and kwargs["down"] is True
+    assert kwargs["idle_minutes_to_autostop"] == 10
     (res,) = task.resources
     assert (res.instance_type, res.use_spot, res.region, res.zone) == (
         "g5.12xlarge",

@@ -195,7 +195,9 @@ def test_no_gpu_prediction_falls_below_the_profiles_floors(
 ) -> None:
     """A CPU profile priced on every GPU AWS sells: the host time it measured (data
     loading, Python, the framework) is kept as host time, and the device work cannot
-    run faster than its FLOPs at the GPU's peak. Real profiles, the shipped model."""
+    run faster than its FLOPs at the GPU's peak nor than its kernel launches (5 us
+    each, the low end of HolisticTraceAnalysis's 5-20 us). Real profiles, the shipped
+    model."""
     from lightning_srifty.core.cluster import Cluster, ClusterGroup
     from lightning_srifty.core.perfmodel import PerformanceModel
     from lightning_srifty.io.calibration_io import load_default_calibration
@@ -219,4 +221,7 @@ def test_no_gpu_prediction_falls_below_the_profiles_floors(
         step = model.predict(profile, Cluster((ClusterGroup(offer, 1, 1),))).step_s
         assert step >= host_s * (1 - 1e-9), f"{offer.accelerator}: {step} < host {host_s}"
         assert step >= host_s + flops / peak * (1 - 1e-9), offer.accelerator
+        # ... nor faster than its kernel launches: >= 3 per layer with parameters, 2 else.
+        launches = sum(3 if x.param_count else 2 for x in profile.layers)
+        assert step >= host_s + launches * 5e-6 * (1 - 1e-9), offer.accelerator
     assert len(seen) >= 5  # T4, A10G, L4, V100, A100, H100 ... all priced

@@ -474,3 +474,21 @@ def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_socket
         (ClusterGroup(linked(alone, 4), 1, 4), ClusterGroup(linked(efa, 4, acc="V100"), 1, 4))
     )
     assert efa_mix.uses_efa
+
+
+def test_a_step_of_many_tiny_layers_is_bound_by_its_kernel_launches() -> None:
+    """100 layers of 1e6 FLOPs each, 2 ms of device time on the T4: a faster GPU
+    cannot run them in less than 100 x (1 forward + 2 backward) launches."""
+    layers = tuple(
+        LayerTiming(f"l{i}", "b", "Linear", 5e-6, 15e-6, 10, 40, flops=1e6, activation_bytes=1)
+        for i in range(100)
+    )
+    steps = StepTimes(Spread(0.002, 0.002, 0.002, 10), 0.0005, 0.0015, 0.0, 0.0, 0, 10)
+    prof = dataclasses.replace(
+        coarse({16: 0.002}), kind="detailed", layers=layers, steps=steps, batch_points=()
+    )
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
+    assert v100 == pytest.approx(100 * 3 * 5e-6)  # the roofline alone says 1 ms
+    t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
+    assert t4 == pytest.approx(0.002)  # measured where it ran: above the floor, unchanged

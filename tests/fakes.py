@@ -278,6 +278,12 @@ class FakeCluster:
         self.downed_at: float | None = None
         self.cancelled_at: float | None = None
         self.provision_cancelled = False
+        self.preempted_exit_code = (
+            node_exit_code(task.run, saved_emergency_checkpoint=True)
+            if script.preempt_after_s is not None
+            else PREEMPTED_EXIT_CODE
+        )
+        """What SkyPilot records when the job exits on its notice (run here, once)."""
 
     # -- the timeline ------------------------------------------------------------------
     @property
@@ -303,8 +309,7 @@ class FakeCluster:
         if s.crash_after_s is not None:
             ends.append((self.run_at + s.crash_after_s, "FAILED", 1))
         if self.notice_at is not None and s.notice:
-            code = node_exit_code(self.task.run, saved_emergency_checkpoint=True)
-            ends.append((self.notice_at + SAVE_S, "FAILED", code))
+            ends.append((self.notice_at + SAVE_S, "FAILED", self.preempted_exit_code))
         if self.cancelled_at is not None:
             ends.append((self.cancelled_at + SAVE_S, "CANCELLED", PREEMPTED_EXIT_CODE))
         return min(ends, key=lambda e: e[0])

@@ -217,8 +217,9 @@ def run_command(
     ends by setting ``$?`` rather than ``exit``, so the rclone flush SkyPilot appends
     (``TaskCodeGen.build_task_bash_script``) still runs and passes the code on.
 
-    Checks do not rely on ``set -e`` or ``${VAR:?}``: under ``bash -i`` neither stops
-    the script, so each failure exits explicitly.
+    Checks exit explicitly: under ``bash -i`` an unset ``${VAR:?}`` or a ``set -u``
+    error prints and carries on (interactive shells do not exit on them), and
+    ``set -e`` would end the script at torchrun's failure before its code is mapped.
 
     Args:
         script: The training script, relative to the workdir.

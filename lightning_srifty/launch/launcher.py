@@ -614,8 +614,12 @@ def _trainer_env(
         devices_per_node=max(group.gpus_per_node, 1),
         root_dir=None,
         strategy=strategy,
+        accelerator="gpu" if group.offer.accelerator_count > 0 else None,
     )
     env[proto.ENV_WORLD_SIZE] = str(p.cluster.world_size)  # mixes: groups differ per node
+    # Nodes install the torch and Lightning the profile ran with (sky_tasks.node_stack_setup).
+    env.update(proto.stack_env(profile.environment.torch_version,
+                               profile.environment.lightning_version))  # fmt: skip
     return env
 
 

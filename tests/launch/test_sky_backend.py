@@ -295,6 +295,7 @@ def execute_run(
         "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
         "HOME": str(tmp_path),
         "ARGV_OUT": str(tmp_path / "argv.json"),
+        "SRIFTY_GPU_CHECK": "0",  # the node pretends to have GPUs; test_sky_node checks them
         **node_env,
     }
     return subprocess.run(  # noqa: S603 - fixed argv

@@ -123,14 +123,27 @@ class SkyBackend(SkyClient):
                 for task in tasks_for(master_addr)[1:]:
                     started.append(task.name or base)
                     launched.append(self._launch_task(task))
-        except LaunchError:
-            self._down_names(started)
-            raise
-        except KeyboardInterrupt:
-            if not self.keep_clusters:
-                self._down_names(started)
+        except BaseException as exc:
+            self._after_failed_launch(started, exc)
             raise
         return SkyJob(tuple(launched), spec.plan.use_spot)
+
+    def _after_failed_launch(self, started: list[str], exc: BaseException) -> None:
+        """Whatever ended a launch early takes down what it started: any exception
+        (SkyPilot's, ours, a bug), and Ctrl-C/SIGTERM/SIGHUP unless ``keep_clusters``.
+        Only an unreachable API server leaves them to their autostop (no teardown
+        could reach it). A teardown that fails too is added to the message."""
+        if isinstance(exc, KeyboardInterrupt) and self.keep_clusters:
+            return
+        if self.api_unreachable or not started:
+            return
+        try:
+            self._down_names(started)
+        except LaunchError as down_failed:
+            if isinstance(exc, LaunchError):
+                exc.args = (f"{exc}; {down_failed}",)
+            else:
+                log.error("%s", down_failed)
 
     def status(self, handle: object) -> JobState:
         job = as_sky_job(handle)
@@ -238,6 +251,8 @@ class SkyBackend(SkyClient):
                 self._down_names([cluster_name])
                 raise CapacityError(f"{what}: the request was lost ({lost}); torn down") from None
             self._requests[cluster_name] = request
+            if self.ledger is not None:
+                self.ledger.mark(cluster_name, "launching", request_id=str(request))
             try:
                 job_id, handle = self._call(
                     lambda r=request: self.sdk.stream_and_get(r),  # type: ignore[misc]
@@ -245,6 +260,7 @@ class SkyBackend(SkyClient):
                     reissue=False,
                 )
             except InterruptedRequest as exc:
+                self._requests.pop(cluster_name, None)  # dropped: it runs no more
                 log.warning("%s: %s; launching it again", what, exc)
                 self.api_reissues += 1
                 adopted = self._adopt(cluster_name)
@@ -257,10 +273,15 @@ class SkyBackend(SkyClient):
                 except (RuntimeError, OSError, exceptions.RequestCancelled) as exc:
                     log.info("could not cancel the launch request of %s: %s", cluster_name, exc)
                 raise
+            except LaunchError as exc:
+                if not isinstance(exc, ApiUnavailableError):
+                    self._requests.pop(cluster_name, None)  # it ended, with this answer
+                raise
+            self._requests.pop(cluster_name, None)
             if self.ledger is not None:
                 self.ledger.mark(cluster_name, "up")
             return SkyCluster(cluster_name, job_id, head_private_ip(handle))
-        self.api_gone = True
+        self.gave_up = "restarts"
         raise ApiUnavailableError(
             f"{what}: the SkyPilot API server dropped the launch {self.api.reissues + 1} "
             "times in a row (restarts)"

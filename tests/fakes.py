@@ -183,6 +183,12 @@ class ClusterScript:
     error_after_provision: BaseException | None = None
     """The cluster comes UP, then the launch fails with this (a CommandError from
     submitting the job, say): the cluster stays up without a job."""
+    stale_s: float = 0.0
+    """After the nodes are taken back, status without FORCE still reads UP this long
+    (a refresh that cannot take the cluster's status lock returns the cached record,
+    sky/backends/backend_utils.py: refresh_cluster_record) while job_status cannot
+    reach the head and raises CommandError (sky/backends/cloud_vm_ray_backend.py:
+    get_job_status)."""
     listed_after_s: float = 0.0
     """The launch request waits this long on the server before it writes the
     cluster's record: until then status lists nothing and down raises
@@ -343,6 +349,19 @@ class FakeCluster:
             return self.start_step
         gained = int((t - self.run_at) * self.script.steps_per_s)
         return min(self.start_step + gained, self.target)
+
+    def stale(self, t: float) -> bool:
+        """The record still reads UP though the nodes are gone (see ClusterScript)."""
+        at = self.reclaim_at
+        if at is None or not self.script.stale_s or not at <= t < at + self.script.stale_s:
+            return False
+        return self.downed_at is None or t < self.downed_at
+
+    def listed_status(self, t: float, refresh: Any = None) -> str | None:
+        """What ``sky.status`` shows with this refresh mode (FORCE asks the cloud)."""
+        if str(getattr(refresh, "value", refresh)) != "FORCE" and self.stale(t):
+            return "UP"
+        return self.cluster_status(t)
 
     def coming(self, t: float) -> bool:
         """Not listed yet, but its launch request will write the record."""
@@ -738,9 +757,10 @@ class FakeSkyApi:
 
         def result() -> Any:
             records = []
+            refresh = kwargs.get("refresh")
             for name in cluster_names:
                 cluster = self.clusters.get(name)
-                status = None if cluster is None else cluster.cluster_status(self.clock.now)
+                status = None if cluster is None else cluster.listed_status(self.clock.now, refresh)
                 if cluster is None or status is None:
                     continue
                 n = cluster.index
@@ -775,6 +795,17 @@ class FakeSkyApi:
         from sky.skylet import job_lib
 
         def result() -> Any:
+            from sky import exceptions
+
+            stale = self.clusters.get(cluster_name)
+            if stale is not None and stale.stale(self.clock.now):
+                n = stale.index
+                raise exceptions.CommandError(
+                    255,
+                    "python3 -u -c 'from sky.skylet import job_lib; job_lib.get_statuses_payload'",
+                    "Failed to get job status.",
+                    f"ssh: connect to host 203.0.113.{10 * n % 250} port 22: Connection timed out",
+                )
             cluster = self._cluster(cluster_name, "getting job status")
             raw = cluster.job_status(self.clock.now)
             status = None if raw is None else job_lib.JobStatus(raw)
@@ -822,6 +853,11 @@ class FakeSkyApi:
 
     def down(self, cluster_name: str, **kwargs: Any) -> str:
         def result() -> None:
+            stale = self.clusters.get(cluster_name)
+            if stale is not None and stale.stale(self.clock.now):
+                stale.downed_at = self.clock.now  # its record goes; its nodes were gone
+                self.downs.append(cluster_name)
+                return
             cluster = self._cluster(cluster_name, "tearing down", must_be_up=False)
             cluster.downed_at = self.clock.now
             self.downs.append(cluster_name)

@@ -322,21 +322,25 @@ class SkyBackend(SkyClient):
             self.ledger.mark(cluster_name, "up")
         return SkyCluster(cluster_name, max(ours), head_private_ip(record["handle"]))
 
-    def _cluster_state(self, cluster: SkyCluster, progress: LogProgress | None) -> JobState:
-        from sky import exceptions
+    def _read_status(self, name: str, refresh: str = "AUTO") -> str | None:
+        """The cluster's ``ClusterStatus`` value (``None``: not listed any more)."""
         from sky.utils import common as sky_common
 
-        name = cluster.name
+        mode = sky_common.StatusRefreshMode(refresh)
         records = self._call(
-            lambda: self.sdk.get(
-                self.sdk.status([name], refresh=sky_common.StatusRefreshMode.AUTO)
-            ),
+            lambda: self.sdk.get(self.sdk.status([name], refresh=mode)),
             f"status of {name}",
         )
         record = next((r for r in records or [] if r["name"] == name), None)
-        status = (
-            None if record is None else str(getattr(record["status"], "value", record["status"]))
-        )
+        return None if record is None else str(getattr(record["status"], "value", record["status"]))
+
+    def _cluster_state(
+        self, cluster: SkyCluster, progress: LogProgress | None, *, refresh: str = "AUTO"
+    ) -> JobState:
+        from sky import exceptions
+
+        name = cluster.name
+        status = self._read_status(name, refresh)
         now = self._clock()
         if status is None or status == "STOPPED":
             if self._last_job.get(name) == "SUCCEEDED":
@@ -352,6 +356,7 @@ class SkyBackend(SkyClient):
                 statuses = self._call(
                     lambda: self.sdk.get(self.sdk.job_status(name, [job_id])),
                     f"job status on {name}",
+                    passthrough=(exceptions.CommandFailureException,),
                 )
                 raw = (statuses or {}).get(job_id)
                 job_status = None if raw is None else str(getattr(raw, "value", raw))
@@ -360,12 +365,48 @@ class SkyBackend(SkyClient):
             except exceptions.ClusterDoesNotExist:
                 self._why[name] = f"{name} was terminated"
                 return JobState.PREEMPTED
+            except exceptions.CommandFailureException as exc:
+                return self._head_silent(cluster, progress, now, exc, refresh)
+        self._silent_since.pop(name, None)
         self._init_since.pop(name, None)
         self._last_job[name] = job_status
         state = map_status(status, job_status, use_spot=False)
         if state is not JobState.FAILED:
             return state
         return self._failed_state(cluster, str(job_status), now, progress)
+
+    def _head_silent(
+        self,
+        cluster: SkyCluster,
+        progress: LogProgress | None,
+        now: float,
+        exc: BaseException,
+        refresh: str,
+    ) -> JobState:
+        """``job_status`` could not reach the head (``CommandError`` from
+        ``sky/backends/cloud_vm_ray_backend.py: get_job_status``) on a cluster that read
+        UP. The status may be stale: a refresh that cannot take the cluster's status
+        lock returns the cached record (``sky/backends/backend_utils.py:
+        refresh_cluster_record``). So the cloud is asked (``FORCE``): a cluster gone,
+        stopped or INIT is handled as such; one still UP whose head stays silent for
+        :attr:`notice_window_s` (or whose job reported its emergency checkpoint) lost
+        the attempt, which then moves on instead of crashing.
+        """
+        name = cluster.name
+        if refresh != "FORCE":
+            return self._cluster_state(cluster, progress, refresh="FORCE")
+        if progress is not None and progress.saw_preemption:
+            self._why[name] = f"{name}: the job saved an emergency checkpoint and its head went"
+            return JobState.PREEMPTED
+        since = self._silent_since.setdefault(name, now)
+        if now - since < self.notice_window_s:
+            log.warning("%s reads UP but its head does not answer (%s)", name, exc)
+            return JobState.RUNNING
+        self._why[name] = (
+            f"{name} reads UP but its head did not answer for {now - since:.0f} s "
+            f"({type(exc).__name__})"
+        )
+        return JobState.PREEMPTED
 
     def _init_state(self, name: str, now: float, progress: LogProgress | None) -> JobState:
         """A launched cluster in INIT lost nodes (``_update_cluster_status`` marks a

@@ -326,6 +326,7 @@ class SkyClient:
         self._progress: dict[str, LogProgress] = {}
         self._init_since: dict[str, float] = {}
         self._failed_since: dict[str, float] = {}
+        self._silent_since: dict[str, float] = {}
         self._draining: dict[str, float] = {}
         self._last_job: dict[str, str | None] = {}
         self._why: dict[str, str] = {}

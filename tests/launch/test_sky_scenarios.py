@@ -311,6 +311,14 @@ def on_demand_interrupted(o: Outcome) -> None:
     assert seen.interruptions == 0  # not counted against the spot market
 
 
+def stale_status(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations  # lost the attempt, moved on; no crash
+    assert move.reason.startswith("on-demand interruption")
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.reclaim_at is not None and first.script.stale_s > 0
+
+
 def _one_healthy_attempt(o: Outcome) -> RunSummary:
     """Completed on the first cluster: nothing was cancelled, torn down early or moved."""
     summary = _completed(o)
@@ -444,6 +452,11 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
         {"first": ON_DEMAND},
         on_demand_interrupted,
+    ),
+    "stale-up-after-the-head-is-gone": (
+        [ClusterScript(preempt_after_s=300, notice=False, stale_s=60), ClusterScript()],
+        {"first": ON_DEMAND},
+        stale_status,
     ),
     "api-restarts-mid-run": (
         [ClusterScript()],

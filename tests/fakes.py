@@ -63,6 +63,19 @@ from lightning_srifty.core.launch_protocol import PROGRESS_LINE_PREFIX, Progress
 #   interrupted launch left INIT and reuses an UP cluster, submitting the task as one
 #   more job (recorded in duplicate_jobs: a run must never do that). The cluster's job
 #   queue (sky/client/sdk.py: queue) lists the job under the task's name.
+# - Autostop with down (sky/execution.py: launch, Resources.override_autostop_config;
+#   sky/skylet/events.py: AutostopEvent): a cluster takes itself down its idle minutes
+#   after its last job ended. A launch request that waits on the server has written no
+#   record yet: status lists nothing and down raises ClusterDoesNotExist
+#   (sky/core.py: down), though the cluster comes; api_cancel kills the request
+#   (sky/server/requests/requests.py: kill_requests). A record can read UP after the
+#   nodes are gone unless the refresh is FORCE, while job_status raises CommandError
+#   (sky/backends/backend_utils.py: refresh_cluster_record; cloud_vm_ray_backend.py:
+#   get_job_status).
+# - The jobs controller stops itself once no managed job runs; cancel and queue_v2
+#   then raise ClusterNotUpError with status STOPPED (backend_utils.py:
+#   is_controller_accessible), and queue_v2(refresh=True) starts it again.
+#   queue_v2 returns only the requested fields (sky/jobs/server/core.py: queue_v2_api).
 # - Managed jobs (sky/jobs/controller.py: JobController, sky/jobs/recovery_strategy.py,
 #   sky/jobs/state.py: ManagedJobStatus): PENDING -> STARTING -> RUNNING; a cluster that
 #   is not UP -> RECOVERING -> relaunch on the ordered resources -> RUNNING with

@@ -5,8 +5,9 @@ job itself, so the laptop must stay on. A managed job hands that to SkyPilot's j
 controller (a small VM it runs for you): the job is one task whose ``ordered``
 resources are the planner's best plans of one shape, and on a preemption SkyPilot
 relaunches it on the next available one (``job_recovery``) while the job resumes from
-the checkpoint store. ``srifty-launch`` submits it, follows ``sky.jobs.queue_v2`` and the
-job's log for the live view and the summary, and may be closed at any time.
+the checkpoint store. ``srifty-launch`` submits it and follows ``sky.jobs.queue_v2`` and
+the job's log for the live view and the summary; with ``--keep-clusters`` it may be
+closed or killed at any time (otherwise Ctrl-C, SIGTERM and SIGHUP cancel the job).
 """
 
 from __future__ import annotations
@@ -170,9 +171,9 @@ class SkyJobsBackend(SkyClient):
     SkyPilot's jobs controller, not this machine, recovers it from preemptions: it
     relaunches on the next of the ``ordered`` resources (the planner's best plans of
     the same shape) and the job resumes from the checkpoint store. ``srifty-launch``
-    only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary;
-    closing the laptop does not stop it. Ctrl-C cancels the job unless
-    ``keep_clusters``.
+    only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary.
+    Ctrl-C, SIGTERM and SIGHUP cancel the job unless ``keep_clusters``; a failed API
+    call never does.
 
     Args:
         candidates: The planner's ranked plans; :func:`same_shape` picks from them.

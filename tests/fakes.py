@@ -73,6 +73,19 @@ from lightning_srifty.core.launch_protocol import (
 #   interrupted launch left INIT and reuses an UP cluster, submitting the task as one
 #   more job (recorded in duplicate_jobs: a run must never do that). The cluster's job
 #   queue (sky/client/sdk.py: queue) lists the job under the task's name.
+# - Autostop with down (sky/execution.py: launch, Resources.override_autostop_config;
+#   sky/skylet/events.py: AutostopEvent): a cluster takes itself down its idle minutes
+#   after its last job ended. A launch request that waits on the server has written no
+#   record yet: status lists nothing and down raises ClusterDoesNotExist
+#   (sky/core.py: down), though the cluster comes; api_cancel kills the request
+#   (sky/server/requests/requests.py: kill_requests). A record can read UP after the
+#   nodes are gone unless the refresh is FORCE, while job_status raises CommandError
+#   (sky/backends/backend_utils.py: refresh_cluster_record; cloud_vm_ray_backend.py:
+#   get_job_status).
+# - The jobs controller stops itself once no managed job runs; cancel and queue_v2
+#   then raise ClusterNotUpError with status STOPPED (backend_utils.py:
+#   is_controller_accessible), and queue_v2(refresh=True) starts it again.
+#   queue_v2 returns only the requested fields (sky/jobs/server/core.py: queue_v2_api).
 # - Managed jobs (sky/jobs/controller.py: JobController, sky/jobs/recovery_strategy.py,
 #   sky/jobs/state.py: ManagedJobStatus): PENDING -> STARTING -> RUNNING; a cluster that
 #   is not UP -> RECOVERING -> relaunch on the ordered resources -> RUNNING with
@@ -246,6 +259,19 @@ class ClusterScript:
     """The launch fails with this SkyPilot exception instead (credentials, prechecks)."""
     interrupted: bool = False
     """Ctrl-C arrives while the client streams the provisioning (KeyboardInterrupt)."""
+    error_after_provision: BaseException | None = None
+    """The cluster comes UP, then the launch fails with this (a CommandError from
+    submitting the job, say): the cluster stays up without a job."""
+    stale_s: float = 0.0
+    """After the nodes are taken back, status without FORCE still reads UP this long
+    (a refresh that cannot take the cluster's status lock returns the cached record,
+    sky/backends/backend_utils.py: refresh_cluster_record) while job_status cannot
+    reach the head and raises CommandError (sky/backends/cloud_vm_ray_backend.py:
+    get_job_status)."""
+    listed_after_s: float = 0.0
+    """The launch request waits this long on the server before it writes the
+    cluster's record: until then status lists nothing and down raises
+    ClusterDoesNotExist (sky/core.py: down), though the cluster is on its way."""
     provision_s: float = 90.0
     setup_s: float = 60.0
     setup_fails: bool = False
@@ -279,6 +305,8 @@ class ApiRestart:
     legacy: bool = False
     after: float = 0.0
     """Virtual time from which it applies."""
+    skip: int = 0
+    """It applies from the ``skip + 1``-th request of its kind on."""
 
     def error(self, request_id: str) -> BaseException:
         from sky import exceptions
@@ -291,6 +319,27 @@ class ApiRestart:
             f"Request {request_id!r} was interrupted by an API server restart and will "
             "not be resumed. Please re-submit the original request."
         )
+
+
+@dataclass
+class ApiFault:
+    """The next ``op`` request (see :class:`ApiRestart`) ends in ``action``, which
+    raises what SkyPilot would (CommandError, ProvisionPrechecksError, ...) or delivers
+    a signal to this process. ``effect`` as for :class:`ApiRestart`."""
+
+    op: str
+    action: Callable[[], None]
+    effect: str = "none"
+    after: float = 0.0
+    skip: int = 0
+
+
+def fire(fault: ApiRestart | ApiFault, request_id: str) -> None:
+    """Ends a request the way ``fault`` says."""
+    if isinstance(fault, ApiRestart):
+        raise fault.error(request_id)
+    fault.action()
+    raise AssertionError(f"the fault on {fault.op} raised nothing")
 
 
 class FakeSkyHandle:
@@ -321,6 +370,11 @@ class FakeCluster:
         self.downed_at: float | None = None
         self.cancelled_at: float | None = None
         self.provision_cancelled = False
+        self.listed_at = now + script.listed_after_s
+        self.never = False
+        """Its launch request was cancelled before it wrote the record: it never comes."""
+        self.no_job = script.error_after_provision is not None
+        """The launch failed after provisioning: the cluster has no job."""
         self.autodown_s: float | None = None
         """Idle seconds after which the cluster takes itself down (autostop with down),
         as the launch asked: ``None`` when it did not."""
@@ -389,6 +443,23 @@ class FakeCluster:
         gained = int((t - self.run_at) * self.script.steps_per_s)
         return min(self.start_step + gained, self.target)
 
+    def stale(self, t: float) -> bool:
+        """The record still reads UP though the nodes are gone (see ClusterScript)."""
+        at = self.reclaim_at
+        if at is None or not self.script.stale_s or not at <= t < at + self.script.stale_s:
+            return False
+        return self.downed_at is None or t < self.downed_at
+
+    def listed_status(self, t: float, refresh: Any = None) -> str | None:
+        """What ``sky.status`` shows with this refresh mode (FORCE asks the cloud)."""
+        if str(getattr(refresh, "value", refresh)) != "FORCE" and self.stale(t):
+            return "UP"
+        return self.cluster_status(t)
+
+    def coming(self, t: float) -> bool:
+        """Not listed yet, but its launch request will write the record."""
+        return not self.never and self.downed_at is None and t < self.listed_at
+
     def autodown_at(self) -> float | None:
         """When the cluster takes itself down: its skylet (sky/skylet/events.py:
         AutostopEvent) counts idle minutes from the end of the last job
@@ -396,7 +467,8 @@ class FakeCluster:
         was cut off never got the setting."""
         if self.autodown_s is None or self.stalled or self.provision_cancelled:
             return None
-        at = max(self._job_end()[0], self.up_at) + self.autodown_s
+        last_job = self.up_at if self.no_job else self._job_end()[0]
+        at = max(last_job, self.up_at) + self.autodown_s
         if self.reclaim_at is not None and self.reclaim_at <= at:
             return None  # AWS took the nodes first
         return at
@@ -404,6 +476,8 @@ class FakeCluster:
     def cluster_status(self, t: float) -> str | None:
         """ClusterStatus value at ``t``; ``None`` once the record is gone."""
         if self.downed_at is not None and t >= self.downed_at:
+            return None
+        if self.never or t < self.listed_at:
             return None
         autodown = self.autodown_at()
         if autodown is not None and t >= autodown:
@@ -415,7 +489,7 @@ class FakeCluster:
         return "UP"
 
     def job_status(self, t: float) -> str | None:
-        if t < self.up_at or self.stalled:
+        if t < self.up_at or self.stalled or self.no_job:
             return None
         if self.cancelled_at is not None and t >= self.cancelled_at:
             return "CANCELLED"
@@ -435,7 +509,7 @@ class FakeCluster:
     def events(self, t: float, wall0: float) -> list[tuple[float, ProgressEvent]]:
         """The progress events the job printed up to ``t`` (and before it died)."""
         limit = min(t, self.death_at())
-        if limit < self.run_at or self.script.setup_fails or self.stalled:
+        if limit < self.run_at or self.script.setup_fails or self.stalled or self.no_job:
             return []
         out: list[tuple[float, ProgressEvent]] = []
         start = ProgressEvent(
@@ -541,8 +615,8 @@ class FakeSkyApi:
         self.log_interrupts = 0
         """This many log streams end with a restart's RequestInterruptedError after
         ``drop_after`` lines."""
-        self.restarts: list[ApiRestart] = []
-        """Scripted restarts, each dropping the next request it names."""
+        self.restarts: list[ApiRestart | ApiFault] = []
+        """Scripted restarts and faults, each ending the next request it names."""
         self.dropped: list[str] = []
         """Requests a restart dropped (``op``)."""
         self.duplicate_jobs: list[str] = []
@@ -556,6 +630,10 @@ class FakeSkyApi:
         self.jobs = FakeJobsApi(self)
         self._results: dict[str, Callable[[], Any]] = {}
         self._next_request = 0
+        self._requests_of: dict[str, int] = {}
+        """How many requests of each kind were made."""
+        self._launch_requests: dict[str, str] = {}
+        """Launch request id -> its cluster's name."""
 
     # -- plumbing ----------------------------------------------------------------------
     def _check_api(self, what: str) -> None:
@@ -576,18 +654,20 @@ class FakeSkyApi:
         self._results[request_id] = thunk
         return request_id
 
-    def _restart_for(self, op: str) -> ApiRestart | None:
-        """The scripted restart that drops this request, if any (used up)."""
+    def _restart_for(self, op: str) -> ApiRestart | ApiFault | None:
+        """The scripted restart or fault that ends this request, if any (used up)."""
+        self._requests_of[op] = seen = self._requests_of.get(op, 0) + 1
         for i, restart in enumerate(self.restarts):
-            if restart.op == op and self.clock.now >= restart.after:
+            if restart.op == op and self.clock.now >= restart.after and seen > restart.skip:
                 del self.restarts[i]
-                self.dropped.append(op)
+                if isinstance(restart, ApiRestart):
+                    self.dropped.append(op)
                 return restart
         return None
 
     @staticmethod
     def _dropping(
-        restart: ApiRestart, request_id: str, thunk: Callable[[], Any]
+        restart: ApiRestart | ApiFault, request_id: str, thunk: Callable[[], Any]
     ) -> Callable[[], Any]:
         def result() -> Any:
             if restart.effect == "done":
@@ -595,7 +675,7 @@ class FakeSkyApi:
                     thunk()  # it acted before the server went down; the answer is lost
                 except Exception:  # noqa: BLE001, S110 - whatever it answered is lost too
                     pass
-            raise restart.error(request_id)
+            fire(restart, request_id)
 
         return result
 
@@ -610,11 +690,21 @@ class FakeSkyApi:
         return self.get(request_id)
 
     def api_cancel(self, request_ids: Any = None, **kwargs: Any) -> str:
+        """Cancels requests (sky/client/sdk.py: api_cancel): a launch request's
+        process is killed (sky/server/requests/requests.py: kill_requests), so a
+        cluster it had not written yet never comes, and one it was provisioning stays
+        INIT (its nodes may exist: it still has to be downed)."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or [])
+        self._check_api("api_cancel")
+        now = self.clock.now
         for rid in ids:
             self._results.pop(rid, None)
-        for cluster in self.clusters.values():
-            if cluster.cluster_status(self.clock.now) == "INIT":
+            cluster = self.clusters.get(self._launch_requests.get(rid, ""))
+            if cluster is None:
+                continue
+            if cluster.coming(now):
+                cluster.never = True
+            elif cluster.cluster_status(now) == "INIT" and now < cluster.up_at:
                 cluster.provision_cancelled = True
         return self._request("api_cancel", lambda: ids)
 
@@ -633,7 +723,11 @@ class FakeSkyApi:
     def left_up(self) -> list[str]:
         """Clusters that still exist (UP, INIT or STOPPED): what may still bill."""
         now = self.clock.now
-        return sorted(n for n, c in self.clusters.items() if c.cluster_status(now) is not None)
+        return sorted(
+            n
+            for n, c in self.clusters.items()
+            if c.cluster_status(now) is not None or c.coming(now)
+        )
 
     def _cluster(self, name: str, operation: str, *, must_be_up: bool = True) -> FakeCluster:
         import sky
@@ -710,7 +804,7 @@ class FakeSkyApi:
                         cluster.stalled = True  # the provisioner died with the server
                     elif self.clock.now < cluster.up_at:
                         self.clock.sleep(cluster.up_at - self.clock.now)  # job submitted
-                raise restart.error(request_id)
+                fire(restart, request_id)
             if cluster is None:
                 self.clock.sleep(30.0)  # the failover through the zones takes a while
                 raise sky.exceptions.ResourcesUnavailableError(
@@ -722,6 +816,8 @@ class FakeSkyApi:
                 raise KeyboardInterrupt  # the user pressed Ctrl-C during provisioning
             if self.clock.now < cluster.up_at:
                 self.clock.sleep(cluster.up_at - self.clock.now)  # streaming provision logs
+            if script.error_after_provision is not None and cluster is not existing:
+                raise script.error_after_provision
             n = cluster.index
             internal = [f"10.0.{n}.{node + 1}" for node in range(cluster.nodes)]
             external = [f"203.0.113.{(10 * n + node) % 250}" for node in range(cluster.nodes)]
@@ -730,6 +826,7 @@ class FakeSkyApi:
         self._next_request += 1
         request_id = f"req-{self._next_request}"
         self._results[request_id] = result
+        self._launch_requests[request_id] = name
         return request_id
 
     @staticmethod
@@ -753,9 +850,10 @@ class FakeSkyApi:
 
         def result() -> Any:
             records = []
+            refresh = kwargs.get("refresh")
             for name in cluster_names:
                 cluster = self.clusters.get(name)
-                status = None if cluster is None else cluster.cluster_status(self.clock.now)
+                status = None if cluster is None else cluster.listed_status(self.clock.now, refresh)
                 if cluster is None or status is None:
                     continue
                 n = cluster.index
@@ -790,6 +888,17 @@ class FakeSkyApi:
         from sky.skylet import job_lib
 
         def result() -> Any:
+            from sky import exceptions
+
+            stale = self.clusters.get(cluster_name)
+            if stale is not None and stale.stale(self.clock.now):
+                n = stale.index
+                raise exceptions.CommandError(
+                    255,
+                    "python3 -u -c 'from sky.skylet import job_lib; job_lib.get_statuses_payload'",
+                    "Failed to get job status.",
+                    f"ssh: connect to host 203.0.113.{10 * n % 250} port 22: Connection timed out",
+                )
             cluster = self._cluster(cluster_name, "getting job status")
             raw = cluster.job_status(self.clock.now)
             status = None if raw is None else job_lib.JobStatus(raw)
@@ -837,6 +946,11 @@ class FakeSkyApi:
 
     def down(self, cluster_name: str, **kwargs: Any) -> str:
         def result() -> None:
+            stale = self.clusters.get(cluster_name)
+            if stale is not None and stale.stale(self.clock.now):
+                stale.downed_at = self.clock.now  # its record goes; its nodes were gone
+                self.downs.append(cluster_name)
+                return
             cluster = self._cluster(cluster_name, "tearing down", must_be_up=False)
             cluster.downed_at = self.clock.now
             self.downs.append(cluster_name)
@@ -930,6 +1044,28 @@ class FakeJobsApi:
 
     def __init__(self, api: FakeSkyApi):
         self.api = api
+        self.controller_stopped = False
+        """SkyPilot's jobs controller autostopped (see :meth:`stop_controller`)."""
+
+    def stop_controller(self) -> None:
+        """The jobs controller stops itself, which it does only once no managed job
+        runs (its autostop); queue_v2 with refresh starts it again."""
+        for job in self.api.managed.values():
+            self._advance(job)
+            assert job.status in _MANAGED_TERMINAL, "a controller with live jobs never stops"
+        self.controller_stopped = True
+
+    def _check_controller(self, stopped_message: str) -> None:
+        """cancel and queue_v2 need the controller up (sky/backends/backend_utils.py:
+        is_controller_accessible raises ClusterNotUpError with the caller's message and
+        the controller's status; sky/jobs/server/core.py passes these messages)."""
+        from sky import exceptions
+        from sky.utils import status_lib
+
+        if self.controller_stopped:
+            raise exceptions.ClusterNotUpError(
+                stopped_message, cluster_status=status_lib.ClusterStatus.STOPPED
+            )
 
     def launch(self, task: Any, name: str | None = None, **kwargs: Any) -> str:
         import sky
@@ -944,7 +1080,7 @@ class FakeJobsApi:
             request_id = f"req-{self.api._next_request}"  # noqa: SLF001
 
             def dropped() -> Any:
-                raise restart.error(request_id)
+                fire(restart, request_id)
 
             self.api._results[request_id] = dropped  # noqa: SLF001
             return request_id
@@ -975,7 +1111,8 @@ class FakeJobsApi:
         self.api.launched.append((job.name, task, dict(kwargs)))
         if restart is not None:  # submitted; the answer died with the server
             self.api.restarts.insert(0, restart)
-            self.api.dropped.pop()
+            if isinstance(restart, ApiRestart):
+                self.api.dropped.pop()
         return self.api._request("jobs.launch", lambda: ([job_id], None))  # noqa: SLF001
 
     def queue_v2(
@@ -997,6 +1134,9 @@ class FakeJobsApi:
         wanted = constants.DEFAULT_MANAGED_JOB_FIELDS if fields is _SKY_DEFAULT else fields
 
         def result() -> Any:
+            if refresh:
+                self.controller_stopped = False  # a refresh starts the controller again
+            self._check_controller("No in-progress managed jobs.")
             records = []
             for job in self.api.managed.values():
                 if job_ids and job.job_id not in job_ids:
@@ -1022,6 +1162,7 @@ class FakeJobsApi:
 
     def cancel(self, name: str | None = None, job_ids: Any = None, **kwargs: Any) -> str:
         def result() -> None:
+            self._check_controller("All managed jobs should have finished.")
             ids = list(job_ids or [])
             ids += [j.job_id for j in self.api.managed.values() if name and j.name == name]
             for job_id in ids:

@@ -42,6 +42,7 @@ from lightning_srifty.core.script_trainer import ScriptTrainer
 from lightning_srifty.core.spot import POLICY_NAMES, make_policy, young_daly_interval
 from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.core.units import format_hours, format_money, format_seconds
+from lightning_srifty.launch import signals
 from lightning_srifty.launch.backend import Backend
 from lightning_srifty.launch.controller import Controller, Migration, PreemptionSource, RunSummary
 from lightning_srifty.launch.feedback import RanOn, write_feedback
@@ -240,12 +241,35 @@ def run_launch(
 ) -> LaunchOutcome:
     """Runs the whole journey; raises :class:`SriftyError` subclasses on user problems.
 
+    Whatever ends it early takes down what the run started (the clusters and managed
+    jobs in its ledger): Ctrl-C, SIGTERM and SIGHUP (:mod:`~lightning_srifty.launch.
+    signals`) unless ``--keep-clusters``, and any exception. Only an API server that
+    stayed away leaves them, with their autostop, as they are.
+
     Args:
         options: What the user asked for.
         ui: Shows progress and asks for confirmation.
         backend: Replaces the backend ``options.backend`` names (tests pass a SkyPilot
             backend whose SDK cannot provision).
     """
+    made: list[Backend] = []
+    with signals.terminating():
+        try:
+            return _run_launch(options, ui, backend, made)
+        except KeyboardInterrupt as exc:
+            if made:
+                _after_interrupt(made[0], options, ui, exc)
+            raise
+        except Exception:
+            if made:
+                _after_failure(made[0], ui)
+            raise
+
+
+def _run_launch(
+    options: LaunchOptions, ui: LauncherUI, backend: Backend | None, made: list[Backend]
+) -> LaunchOutcome:
+    """:func:`run_launch`'s journey; ``made`` receives the backend once it exists."""
     if not Path(options.script).is_file():
         # Before anything is created: a typo must not leave an empty run folder behind.
         raise LaunchError(f"script not found: {options.script}")
@@ -283,6 +307,7 @@ def run_launch(
                 "--checkpoint-uri s3://bucket/prefix"
             )
     backend = backend or _make_backend(options, uri)
+    made.append(backend)
     if remote and not options.dry_run:
         check = getattr(backend, "check_credentials", None)
         if check is not None:
@@ -462,11 +487,7 @@ def run_launch(
         f" as {topology.nodes} node(s) x {topology.procs_per_node} process(es)" if topology else ""
     )
     ui.info(f"launching on {chosen.cluster.describe()} via the {backend.name} backend{shape}")
-    try:
-        summary = controller.run(chosen)
-    except KeyboardInterrupt:
-        _after_interrupt(backend, options, ui)
-        raise
+    summary = controller.run(chosen)
     outcome = LaunchOutcome(profiled, result, summary, topology)
     ui.summary(outcome)
     return outcome
@@ -663,23 +684,54 @@ def ddp_strategy(profile: Profile) -> str:
     return "ddp_find_unused_parameters_true" if manual else "ddp"
 
 
-def _after_interrupt(backend: Backend, options: LaunchOptions, ui: LauncherUI) -> None:
-    """Ctrl-C: whatever the run still has up goes down, unless ``--keep-clusters``."""
+def _after_interrupt(
+    backend: Backend, options: LaunchOptions, ui: LauncherUI, why: KeyboardInterrupt
+) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP: what the run still has up goes down, unless
+    ``--keep-clusters``."""
     down = getattr(backend, "down_recorded", None)
     if down is None:
         return
+    what = str(why) or "interrupted"
     if options.keep_clusters:
-        ui.info(
-            f"interrupted; the run's clusters were kept (--keep-clusters): take them "
-            f"down with `srifty down {options.run_dir}`"
+        run_dir = getattr(backend, "run_dir", None) or options.run_dir or "RUN_DIR"
+        _tell(
+            ui,
+            f"{what}; the run's clusters were kept (--keep-clusters): take them "
+            f"down with `srifty down {run_dir}`",
         )
         return
     try:
         taken = down()
     except LaunchError as exc:
-        ui.info(f"interrupted; {exc}")
+        _tell(ui, f"{what}; {exc}")
         return
-    ui.info(f"interrupted; took down {', '.join(taken) or 'nothing (all already down)'}")
+    _tell(ui, f"{what}; took down {', '.join(taken) or 'nothing (all already down)'}")
+
+
+def _after_failure(backend: Backend, ui: LauncherUI) -> None:
+    """Any exception: whatever the run started and still has up goes down (the error
+    itself is reported by the caller). Not when the API server itself failed (stayed
+    away, or kept dropping requests): a failed API call is no reason to stop a healthy
+    job, and the clusters' autostop takes them down when it ends."""
+    down = getattr(backend, "down_recorded", None)
+    if down is None or getattr(backend, "api_gone", False):
+        return
+    try:
+        taken = down()
+    except LaunchError as exc:
+        _tell(ui, f"after the failure: {exc}")
+        return
+    if taken:
+        _tell(ui, f"after the failure, took down {', '.join(taken)}")
+
+
+def _tell(ui: LauncherUI, message: str) -> None:
+    """Says it if the terminal is still there (after SIGHUP it may not be)."""
+    try:
+        ui.info(message)
+    except OSError:
+        pass
 
 
 def measured_checkpoint_s(store: CheckpointStore) -> float | None:

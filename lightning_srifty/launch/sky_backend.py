@@ -123,14 +123,27 @@ class SkyBackend(SkyClient):
                 for task in tasks_for(master_addr)[1:]:
                     started.append(task.name or base)
                     launched.append(self._launch_task(task))
-        except LaunchError:
-            self._down_names(started)
-            raise
-        except KeyboardInterrupt:
-            if not self.keep_clusters:
-                self._down_names(started)
+        except BaseException as exc:
+            self._after_failed_launch(started, exc)
             raise
         return SkyJob(tuple(launched), spec.plan.use_spot)
+
+    def _after_failed_launch(self, started: list[str], exc: BaseException) -> None:
+        """Whatever ended a launch early takes down what it started: any exception
+        (SkyPilot's, ours, a bug), and Ctrl-C/SIGTERM/SIGHUP unless ``keep_clusters``.
+        Only an unreachable API server leaves them to their autostop (no teardown
+        could reach it). A teardown that fails too is added to the message."""
+        if isinstance(exc, KeyboardInterrupt) and self.keep_clusters:
+            return
+        if self.api_unreachable or not started:
+            return
+        try:
+            self._down_names(started)
+        except LaunchError as down_failed:
+            if isinstance(exc, LaunchError):
+                exc.args = (f"{exc}; {down_failed}",)
+            else:
+                log.error("%s", down_failed)
 
     def status(self, handle: object) -> JobState:
         job = as_sky_job(handle)
@@ -238,6 +251,8 @@ class SkyBackend(SkyClient):
                 self._down_names([cluster_name])
                 raise CapacityError(f"{what}: the request was lost ({lost}); torn down") from None
             self._requests[cluster_name] = request
+            if self.ledger is not None:
+                self.ledger.mark(cluster_name, "launching", request_id=str(request))
             try:
                 job_id, handle = self._call(
                     lambda r=request: self.sdk.stream_and_get(r),  # type: ignore[misc]
@@ -245,6 +260,7 @@ class SkyBackend(SkyClient):
                     reissue=False,
                 )
             except InterruptedRequest as exc:
+                self._requests.pop(cluster_name, None)  # dropped: it runs no more
                 log.warning("%s: %s; launching it again", what, exc)
                 self.api_reissues += 1
                 adopted = self._adopt(cluster_name)
@@ -257,10 +273,15 @@ class SkyBackend(SkyClient):
                 except (RuntimeError, OSError, exceptions.RequestCancelled) as exc:
                     log.info("could not cancel the launch request of %s: %s", cluster_name, exc)
                 raise
+            except LaunchError as exc:
+                if not isinstance(exc, ApiUnavailableError):
+                    self._requests.pop(cluster_name, None)  # it ended, with this answer
+                raise
+            self._requests.pop(cluster_name, None)
             if self.ledger is not None:
                 self.ledger.mark(cluster_name, "up")
             return SkyCluster(cluster_name, job_id, head_private_ip(handle))
-        self.api_gone = True
+        self.gave_up = "restarts"
         raise ApiUnavailableError(
             f"{what}: the SkyPilot API server dropped the launch {self.api.reissues + 1} "
             "times in a row (restarts)"
@@ -301,21 +322,25 @@ class SkyBackend(SkyClient):
             self.ledger.mark(cluster_name, "up")
         return SkyCluster(cluster_name, max(ours), head_private_ip(record["handle"]))
 
-    def _cluster_state(self, cluster: SkyCluster, progress: LogProgress | None) -> JobState:
-        from sky import exceptions
+    def _read_status(self, name: str, refresh: str = "AUTO") -> str | None:
+        """The cluster's ``ClusterStatus`` value (``None``: not listed any more)."""
         from sky.utils import common as sky_common
 
-        name = cluster.name
+        mode = sky_common.StatusRefreshMode(refresh)
         records = self._call(
-            lambda: self.sdk.get(
-                self.sdk.status([name], refresh=sky_common.StatusRefreshMode.AUTO)
-            ),
+            lambda: self.sdk.get(self.sdk.status([name], refresh=mode)),
             f"status of {name}",
         )
         record = next((r for r in records or [] if r["name"] == name), None)
-        status = (
-            None if record is None else str(getattr(record["status"], "value", record["status"]))
-        )
+        return None if record is None else str(getattr(record["status"], "value", record["status"]))
+
+    def _cluster_state(
+        self, cluster: SkyCluster, progress: LogProgress | None, *, refresh: str = "AUTO"
+    ) -> JobState:
+        from sky import exceptions
+
+        name = cluster.name
+        status = self._read_status(name, refresh)
         now = self._clock()
         if status is None or status == "STOPPED":
             if self._last_job.get(name) == "SUCCEEDED":
@@ -331,6 +356,7 @@ class SkyBackend(SkyClient):
                 statuses = self._call(
                     lambda: self.sdk.get(self.sdk.job_status(name, [job_id])),
                     f"job status on {name}",
+                    passthrough=(exceptions.CommandFailureException,),
                 )
                 raw = (statuses or {}).get(job_id)
                 job_status = None if raw is None else str(getattr(raw, "value", raw))
@@ -339,12 +365,48 @@ class SkyBackend(SkyClient):
             except exceptions.ClusterDoesNotExist:
                 self._why[name] = f"{name} was terminated"
                 return JobState.PREEMPTED
+            except exceptions.CommandFailureException as exc:
+                return self._head_silent(cluster, progress, now, exc, refresh)
+        self._silent_since.pop(name, None)
         self._init_since.pop(name, None)
         self._last_job[name] = job_status
         state = map_status(status, job_status, use_spot=False)
         if state is not JobState.FAILED:
             return state
         return self._failed_state(cluster, str(job_status), now, progress)
+
+    def _head_silent(
+        self,
+        cluster: SkyCluster,
+        progress: LogProgress | None,
+        now: float,
+        exc: BaseException,
+        refresh: str,
+    ) -> JobState:
+        """``job_status`` could not reach the head (``CommandError`` from
+        ``sky/backends/cloud_vm_ray_backend.py: get_job_status``) on a cluster that read
+        UP. The status may be stale: a refresh that cannot take the cluster's status
+        lock returns the cached record (``sky/backends/backend_utils.py:
+        refresh_cluster_record``). So the cloud is asked (``FORCE``): a cluster gone,
+        stopped or INIT is handled as such; one still UP whose head stays silent for
+        :attr:`notice_window_s` (or whose job reported its emergency checkpoint) lost
+        the attempt, which then moves on instead of crashing.
+        """
+        name = cluster.name
+        if refresh != "FORCE":
+            return self._cluster_state(cluster, progress, refresh="FORCE")
+        if progress is not None and progress.saw_preemption:
+            self._why[name] = f"{name}: the job saved an emergency checkpoint and its head went"
+            return JobState.PREEMPTED
+        since = self._silent_since.setdefault(name, now)
+        if now - since < self.notice_window_s:
+            log.warning("%s reads UP but its head does not answer (%s)", name, exc)
+            return JobState.RUNNING
+        self._why[name] = (
+            f"{name} reads UP but its head did not answer for {now - since:.0f} s "
+            f"({type(exc).__name__})"
+        )
+        return JobState.PREEMPTED
 
     def _init_state(self, name: str, now: float, progress: LogProgress | None) -> JobState:
         """A launched cluster in INIT lost nodes (``_update_cluster_status`` marks a

@@ -23,6 +23,7 @@ from lightning_srifty.core.errors import (
     CapacityError,
     CredentialsError,
     LaunchError,
+    SriftyError,
 )
 from lightning_srifty.io.cluster_ledger import ClusterLedger
 from lightning_srifty.launch.backend import JobState
@@ -164,6 +165,11 @@ AUTOSTOP_IDLE_MINUTES = 10
 (``sky.launch(idle_minutes_to_autostop=..., down=True)``): whatever happens to the
 launcher, a cluster whose job ended stops billing. Longer than every window the
 backend watches an ended job through (:data:`NOTICE_WINDOW_S`, :data:`INIT_TIMEOUT_S`)."""
+DOWN_RECHECKS = 3
+"""Extra status readings that must not list a cluster whose launch may still be
+running before its teardown counts as done."""
+DOWN_RECHECK_S = 20.0
+"""Seconds between those readings."""
 INIT_TIMEOUT_S = 300.0
 """How long a launched cluster may stay INIT (some nodes lost) before it counts as
 preempted: SkyPilot itself never repairs it (``sky start`` would)."""
@@ -240,10 +246,14 @@ class SkyClient:
         user_setup: Extra setup commands (``--setup``), run after the installs.
         setup: Replaces the whole setup (tests); by default it is built from the wheel.
         ship_package: Build and mount the wheel (off only for tests of other parts).
-        keep_clusters: On Ctrl-C during a launch, leave what was started up.
+        keep_clusters: On Ctrl-C, SIGTERM or SIGHUP during a launch, leave what was
+            started up (any other failure takes it down).
         api: How long an unreachable API server is waited out.
+        idle_minutes_to_autostop: Every cluster takes itself down after this many idle
+            minutes (:data:`AUTOSTOP_IDLE_MINUTES`).
         notice_window_s: See :data:`NOTICE_WINDOW_S`.
         init_timeout_s: See :data:`INIT_TIMEOUT_S`.
+        down_rechecks, down_recheck_s: See :data:`DOWN_RECHECKS`.
         clock, sleep: Time for retries and windows (tests pass a virtual clock).
         log_sleep: How the log follower waits between reconnections (a thread).
         run_id: Names this run's clusters (random by default).
@@ -271,6 +281,8 @@ class SkyClient:
         api: ApiPatience | None = None,
         notice_window_s: float = NOTICE_WINDOW_S,
         init_timeout_s: float = INIT_TIMEOUT_S,
+        down_rechecks: int = DOWN_RECHECKS,
+        down_recheck_s: float = DOWN_RECHECK_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         log_sleep: Callable[[float], None] = time.sleep,
@@ -293,6 +305,8 @@ class SkyClient:
         self.api = api or ApiPatience()
         self.notice_window_s = notice_window_s
         self.init_timeout_s = init_timeout_s
+        self.down_rechecks = down_rechecks
+        self.down_recheck_s = down_recheck_s
         self._clock = clock
         self._sleep = sleep
         self._log_sleep = log_sleep
@@ -304,14 +318,15 @@ class SkyClient:
         """API calls retried because the server was unreachable."""
         self.api_reissues = 0
         """Requests sent again because a server restart dropped them."""
-        self.api_gone = False
-        """The last API call gave up (:class:`ApiUnavailableError`): teardown is not
-        attempted on such a failure (see :meth:`_left_running`)."""
+        self.gave_up: str | None = None
+        """Why the last API call gave up (:class:`ApiUnavailableError`): ``unreachable``
+        or ``restarts``; ``None`` after a call that got its answer."""
         self._prepared: dict[str, Any] | None = None
         self._launches = 0
         self._progress: dict[str, LogProgress] = {}
         self._init_since: dict[str, float] = {}
         self._failed_since: dict[str, float] = {}
+        self._silent_since: dict[str, float] = {}
         self._draining: dict[str, float] = {}
         self._last_job: dict[str, str | None] = {}
         self._why: dict[str, str] = {}
@@ -424,22 +439,16 @@ class SkyClient:
         return live
 
     def _down_names(self, names: Sequence[str]) -> None:
-        """Tears down each cluster (retried); ClusterDoesNotExist means already gone.
+        """Tears down each cluster (retried) until SkyPilot's status confirms it gone;
+        only then is its ledger entry marked down.
 
         Raises:
             LaunchError: a teardown kept failing; the message names ``srifty down``.
         """
-        from sky import exceptions
-
         failed = []
         for cluster_name in reversed(list(names)):
             try:
-                self._call(
-                    lambda n=cluster_name: self.sdk.get(self.sdk.down(n)),  # type: ignore[misc]
-                    f"down {cluster_name}",
-                )
-            except exceptions.ClusterDoesNotExist:
-                pass
+                self._down_confirmed(cluster_name)
             except LaunchError as exc:
                 failed.append(f"{cluster_name} ({exc})")
                 continue
@@ -451,6 +460,71 @@ class SkyClient:
                 f"could not take down {', '.join(failed)}; they may still be billing: "
                 f"run `srifty down{where}` once the SkyPilot API server is back"
             )
+
+    def _down_confirmed(self, cluster_name: str) -> None:
+        """Downs ``cluster_name`` and checks SkyPilot's status until it is not listed.
+
+        ``sky.down`` answers ``ClusterDoesNotExist`` for a cluster whose launch has not
+        yet written its record (``sky/core.py: down``); that launch could still bring
+        it up. So a launch that may still run is cancelled first
+        (``sky.api_cancel``), and when that cannot be confirmed the status is read
+        :attr:`down_rechecks` more times, :attr:`down_recheck_s` apart, downing the
+        cluster again whenever it shows up.
+        """
+        from sky import exceptions
+
+        entry = self.ledger.entry(cluster_name) if self.ledger is not None else None
+        request = self._requests.pop(cluster_name, None)
+        if request is None and entry is not None and entry.state == "launching":
+            request = entry.request_id
+        unsure = entry is not None and entry.state == "launching"
+        if request is not None:
+            unsure = not self._cancel_request(request, cluster_name)
+        needed = 1 + (self.down_rechecks if unsure else 0)
+        absent = 0
+        downs = 0
+        while absent < needed:
+            if self._listed(cluster_name):
+                absent = 0
+                downs += 1
+                if downs > 3:
+                    raise LaunchError(f"SkyPilot still lists {cluster_name} after 3 teardowns")
+                try:
+                    self._call(
+                        lambda: self.sdk.get(self.sdk.down(cluster_name)),
+                        f"down {cluster_name}",
+                    )
+                except exceptions.ClusterDoesNotExist:
+                    pass
+                continue
+            absent += 1
+            if absent < needed:
+                self._sleep(self.down_recheck_s)
+
+    def _listed(self, cluster_name: str) -> bool:
+        """Whether SkyPilot's cluster table still has ``cluster_name`` (any status)."""
+        from sky.utils import common as sky_common
+
+        records = self._call(
+            lambda: self.sdk.get(
+                self.sdk.status([cluster_name], refresh=sky_common.StatusRefreshMode.NONE)
+            ),
+            f"status of {cluster_name}",
+        )
+        return any(r["name"] == cluster_name for r in records or [])
+
+    def _cancel_request(self, request: Any, cluster_name: str) -> bool:
+        """Cancels a launch request that may still run; True once the server said so
+        (a request that already ended is left as it is)."""
+        try:
+            self._call(
+                lambda: self.sdk.get(self.sdk.api_cancel(request)),
+                f"cancel the launch request of {cluster_name}",
+            )
+        except LaunchError as exc:
+            log.info("could not cancel the launch request of %s: %s", cluster_name, exc)
+            return False
+        return True
 
     def _call(
         self,
@@ -478,7 +552,7 @@ class SkyClient:
 
         Raises:
             ApiUnavailableError: the server stayed away or kept dropping the request;
-                :attr:`api_gone` is set (what the run started is left running).
+                :attr:`gave_up` says why (what the run started is left running).
         """
         wait = self.api.first_wait_s
         started = self._clock()
@@ -493,7 +567,7 @@ class SkyClient:
                     dropped += 1
                     self.api_reissues += 1
                     if dropped > self.api.reissues:
-                        self.api_gone = True
+                        self.gave_up = "restarts"
                         raise ApiUnavailableError(
                             f"{what}: the SkyPilot API server dropped the request {dropped} "
                             f"times in a row (restarts; {exc}); {self._left_running()}"
@@ -507,7 +581,7 @@ class SkyClient:
                     raise LaunchError(f"{what}: SkyPilot API server unavailable ({exc})") from None
                 left = self.api.patience_s - waited
                 if left <= 0:
-                    self.api_gone = True
+                    self.gave_up = "unreachable"
                     raise ApiUnavailableError(
                         f"{what}: the SkyPilot API server was unreachable for "
                         f"{waited / 60:.0f} min, as long as srifty-launch waits "
@@ -519,8 +593,19 @@ class SkyClient:
                 self._sleep(pause)
                 wait = min(wait * 2, self.api.longest_wait_s)
             else:
-                self.api_gone = False
+                self.gave_up = None
                 return result
+
+    @property
+    def api_gone(self) -> bool:
+        """The last API call gave up: a healthy job is not stopped for that."""
+        return self.gave_up is not None
+
+    @property
+    def api_unreachable(self) -> bool:
+        """The last API call gave up on an unreachable server: no teardown could
+        reach it either (autostop takes the clusters down)."""
+        return self.gave_up == "unreachable"
 
     def _left_running(self) -> str:
         """What happens to the run's clusters when the launcher gives up on the API."""
@@ -586,11 +671,12 @@ class SkyClient:
             raise LaunchError(
                 f"{what}: SkyPilot API server unavailable ({_first_line(exc)})"
             ) from None
+        except (SriftyError, AssertionError):
+            raise
         except Exception as exc:
-            if not type(exc).__module__.startswith("sky"):
-                raise  # not SkyPilot's: a bug of ours, with its traceback
-            # Whatever else SkyPilot raises (CommandError after provisioning,
-            # ProvisionPrechecksError, ClusterSetUpError, ...): one line.
+            # Whatever else the SDK raises is SkyPilot's answer (CommandError after
+            # provisioning, ProvisionPrechecksError, ClusterSetUpError, a ValueError the
+            # server sent back, ...): one line, and the caller tears down what it started.
             raise LaunchError(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from None
 
 

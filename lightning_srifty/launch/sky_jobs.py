@@ -5,8 +5,9 @@ job itself, so the laptop must stay on. A managed job hands that to SkyPilot's j
 controller (a small VM it runs for you): the job is one task whose ``ordered``
 resources are the planner's best plans of one shape, and on a preemption SkyPilot
 relaunches it on the next available one (``job_recovery``) while the job resumes from
-the checkpoint store. ``srifty-launch`` submits it, follows ``sky.jobs.queue_v2`` and the
-job's log for the live view and the summary, and may be closed at any time.
+the checkpoint store. ``srifty-launch`` submits it and follows ``sky.jobs.queue_v2`` and
+the job's log for the live view and the summary; with ``--keep-clusters`` it may be
+closed or killed at any time (otherwise Ctrl-C, SIGTERM and SIGHUP cancel the job).
 """
 
 from __future__ import annotations
@@ -185,9 +186,9 @@ class SkyJobsBackend(SkyClient):
     SkyPilot's jobs controller, not this machine, recovers it from preemptions: it
     relaunches on the next of the ``ordered`` resources (the planner's best plans of
     the same shape) and the job resumes from the checkpoint store. ``srifty-launch``
-    only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary;
-    closing the laptop does not stop it. Ctrl-C cancels the job unless
-    ``keep_clusters``.
+    only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary.
+    Ctrl-C, SIGTERM and SIGHUP cancel the job unless ``keep_clusters``; a failed API
+    call never does.
 
     Args:
         candidates: The planner's ranked plans; :func:`same_shape` picks from them.
@@ -281,7 +282,7 @@ class SkyJobsBackend(SkyClient):
                     return found
                 continue
             return [int(i) for i in job_ids or []]
-        self.api_gone = True
+        self.gave_up = "restarts"
         raise ApiUnavailableError(
             f"{what}: the SkyPilot API server dropped the submission "
             f"{self.api.reissues + 1} times in a row (restarts)"
@@ -303,15 +304,25 @@ class SkyJobsBackend(SkyClient):
     def _record(self, job: ManagedJob) -> Any:
         """The job's queue record, with ``failure_reason``: SkyPilot's default fields
         (``sky/jobs/constants.py: DEFAULT_MANAGED_JOB_FIELDS``) leave it out."""
+        from sky import exceptions
         from sky.jobs import constants
 
         fields = [*constants.DEFAULT_MANAGED_JOB_FIELDS, "failure_reason"]
-        result = self._call(
-            lambda: self.sdk.get(
-                self.jobs_sdk.queue_v2(refresh=False, job_ids=[job.job_id], fields=fields)
-            ),
-            f"status of managed job {job.job_id}",
-        )
+
+        def read(refresh: bool) -> Any:
+            return self._call(
+                lambda: self.sdk.get(
+                    self.jobs_sdk.queue_v2(refresh=refresh, job_ids=[job.job_id], fields=fields)
+                ),
+                f"status of managed job {job.job_id}",
+            )
+
+        try:
+            result = read(False)
+        except exceptions.ClusterNotUpError:
+            # The controller stopped (every managed job ended): only a refresh, which
+            # starts it again, shows how this one ended.
+            result = read(True)
         records = result[0] if isinstance(result, tuple) else result
         record = next((r for r in records or [] if int(r["job_id"]) == job.job_id), None)
         if record is None:
@@ -374,12 +385,7 @@ class SkyJobsBackend(SkyClient):
             # Following the job failed, not the job: SkyPilot's controller keeps it.
             log.warning("not cancelling managed job %d: %s", job.job_id, self._left_running())
             return
-        self._call(
-            lambda: self.sdk.get(self.jobs_sdk.cancel(job_ids=[job.job_id])),
-            f"cancel managed job {job.job_id}",
-        )
-        if self.ledger is not None:
-            self.ledger.mark(job.name, "down", kind="managed-job", job_id=job.job_id)
+        self._cancel_confirmed(job.name, job.job_id)
 
     def live_recorded(self) -> list[str]:
         """As :meth:`SkyClient.live_recorded`, plus the run's managed jobs not yet ended."""
@@ -414,18 +420,90 @@ class SkyJobsBackend(SkyClient):
         for entry in self.ledger.not_down():
             if entry.kind != "managed-job":
                 continue
-            # Submitted but interrupted before its id came back: cancel it by its name
-            # (unique to this run), which SkyPilot's cancel accepts as well.
-            by: dict[str, Any] = (
-                {"job_ids": [entry.job_id]} if entry.job_id is not None else {"name": entry.name}
-            )
-            self._call(
-                lambda kw=by: self.sdk.get(self.jobs_sdk.cancel(**kw)),  # type: ignore[misc]
-                f"cancel managed job {entry.name}",
-            )
-            self.ledger.mark(entry.name, "down", kind="managed-job", job_id=entry.job_id)
+            self._cancel_confirmed(entry.name, entry.job_id)
             names.append(entry.name)
         return names
+
+    def _cancel_confirmed(self, name: str, job_id: int | None) -> None:
+        """Cancels the managed job and marks it down once the queue shows it ended.
+
+        Without an id (submitted, but interrupted before the id came back) it is found
+        by its name, unique to the run, and one that does not show up is looked for
+        :attr:`down_rechecks` more times: its submission may still be on its way. A
+        stopped jobs controller means every managed job has ended (SkyPilot stops it
+        only then; ``cancel`` and ``queue_v2`` raise ``ClusterNotUpError``,
+        ``sky/backends/backend_utils.py: is_controller_accessible``).
+
+        Raises:
+            LaunchError: the controller is not reachable (starting), or the job did
+                not end.
+        """
+        from sky import exceptions
+
+        needed = 1 + (self.down_rechecks if job_id is None else 0)
+        quiet = 0
+        cancels = 0
+        try:
+            for _ in range(needed + 2 * self.down_rechecks + 2):
+                live = self._live_jobs(name, job_id)
+                if not live:
+                    quiet += 1
+                    if quiet >= needed:
+                        break
+                    self._sleep(self.down_recheck_s)
+                    continue
+                quiet = 0
+                if cancels and all(status == "CANCELLING" for status in live.values()):
+                    self._sleep(self.down_recheck_s)  # the controller is on it
+                    continue
+                cancels += 1
+                ids = sorted(live)
+                self._call(
+                    lambda i=ids: self.sdk.get(self.jobs_sdk.cancel(job_ids=i)),  # type: ignore[misc]
+                    f"cancel managed job {name}",
+                )
+            else:
+                raise LaunchError(
+                    f"managed job {name} did not end after cancelling it {cancels} time(s)"
+                )
+        except exceptions.ClusterNotUpError as exc:
+            status = _value(getattr(exc, "cluster_status", None))
+            if status not in (None, "STOPPED"):
+                raise LaunchError(
+                    f"cancel managed job {name}: SkyPilot's jobs controller is {status}, not "
+                    "reachable yet; try again in a few minutes"
+                ) from None
+            self.notes.append(
+                f"{name}: SkyPilot's jobs controller is stopped, which it does only once no "
+                "managed job runs: the job has ended"
+            )
+        if self.ledger is not None:
+            self.ledger.mark(name, "down", kind="managed-job", job_id=job_id)
+
+    def _live_jobs(self, name: str, job_id: int | None) -> dict[int, str]:
+        """The job's (or, without an id, the jobs named ``name``'s) status, for those
+        not ended yet."""
+        by: dict[str, Any] = {"job_ids": [job_id]} if job_id is not None else {"name_match": name}
+        result = self._call(
+            lambda: self.sdk.get(
+                self.jobs_sdk.queue_v2(refresh=False, fields=["job_id", "job_name", "status"], **by)
+            ),
+            f"status of managed job {name}",
+        )
+        records = result[0] if isinstance(result, tuple) else result
+        live = {}
+        for r in records or []:
+            if r["job_name"] != name or (job_id is not None and int(r["job_id"]) != job_id):
+                continue
+            status = _value(r["status"])
+            if status is None or not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
+                live[int(r["job_id"])] = str(status)
+        return live
+
+
+def _value(raw: Any) -> str | None:
+    """An enum's value (SkyPilot's statuses), as text; ``None`` stays ``None``."""
+    return None if raw is None else str(getattr(raw, "value", raw))
 
 
 def _as_managed(handle: object) -> ManagedJob:

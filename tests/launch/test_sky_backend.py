@@ -48,7 +48,7 @@ from lightning_srifty.launch.sky_tasks import (
     plan_to_resources,
     task_to_yaml,
 )
-from tests.fakes import ClusterScript, FakeSkyApi
+from tests.fakes import ApiFault, ClusterScript, FakeSkyApi
 
 # Published figures for the physics-based step-time model used in the ranking test.
 # FP32 peak TFLOP/s: NVIDIA T4, A10G (AWS G5 page), V100 SXM2, L4 datasheets.
@@ -767,3 +767,28 @@ def test_efa_is_priced_as_the_users_skypilot_config_will_attach_it(
     finally:
         monkeypatch.undo()
         skypilot_config.reload_config()
+
+
+def test_a_silent_head_on_a_cluster_that_reads_up_loses_the_attempt(sky: Any) -> None:
+    """job_status raises CommandError (sky/backends/cloud_vm_ray_backend.py:
+    get_job_status) while even a FORCE refresh reads UP: tolerated for the notice
+    window, then the attempt counts as lost, never as a crash."""
+
+    def head_silent() -> None:
+        raise sky.exceptions.CommandError(
+            255, "job_lib.get_statuses_payload", "Failed to get job status.", "ssh: timed out"
+        )
+
+    fake = FakeSkyApi(scripts=[ClusterScript(steps_per_s=0.1)])
+    backend = backend_on(fake)
+    handle = backend.launch(spec(homogeneous("g5.12xlarge", "use1-az1", 1, use_spot=False)))
+    fake.clock.sleep(200)
+    assert backend.status(handle) is JobState.RUNNING
+    fake.restarts.extend(ApiFault("job_status", head_silent) for _ in range(40))
+    assert backend.status(handle) is JobState.RUNNING
+    fake.clock.sleep(100)
+    assert backend.status(handle) is JobState.RUNNING
+    fake.clock.sleep(60)
+    assert backend.status(handle) is JobState.PREEMPTED
+    assert "reads UP but its head did not answer for 160 s" in backend.failure_detail(handle)
+    assert "status" in fake.calls and fake.downs == []  # moving on is the controller's call

@@ -30,6 +30,7 @@ from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_ke
 from lightning_srifty.launch.sky_backend import SkyBackend
 from lightning_srifty.launch.sky_client import ApiPatience, SkyClient
 from lightning_srifty.launch.sky_jobs import SkyJobsBackend
+from lightning_srifty.launch.sky_tasks import build_tasks
 from tests.fakes import SAVE_S, ApiRestart, ClusterScript, FakeSkyApi, RecordingUI
 from tests.launch.test_sky_backend import homogeneous
 
@@ -311,6 +312,14 @@ def on_demand_interrupted(o: Outcome) -> None:
     assert seen.interruptions == 0  # not counted against the spot market
 
 
+def stale_status(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations  # lost the attempt, moved on; no crash
+    assert move.reason.startswith("on-demand interruption")
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.reclaim_at is not None and first.script.stale_s > 0
+
+
 def _one_healthy_attempt(o: Outcome) -> RunSummary:
     """Completed on the first cluster: nothing was cancelled, torn down early or moved."""
     summary = _completed(o)
@@ -444,6 +453,11 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
         {"first": ON_DEMAND},
         on_demand_interrupted,
+    ),
+    "stale-up-after-the-head-is-gone": (
+        [ClusterScript(preempt_after_s=300, notice=False, stale_s=60), ClusterScript()],
+        {"first": ON_DEMAND},
+        stale_status,
     ),
     "api-restarts-mid-run": (
         [ClusterScript()],
@@ -752,3 +766,67 @@ def test_live_clusters_are_what_skypilot_reports(tmp_path: Path, sky_offline: ob
     assert later.live_recorded() == [f"{name} (UP)"]
     outcome.fake.clusters[name].downed_at = outcome.fake.clock.now  # `sky down` by hand
     assert later.live_recorded() == []
+
+
+# ------------------------------------------------------------- confirmed teardown
+def _send_launch(fake: FakeSkyApi, backend: SkyClient, name: str) -> str:
+    """A launch request as srifty-launch sends it (autostop and down included)."""
+    (task,) = build_tasks(HOME, script="train.py", name=name, setup="true")
+    return fake.launch(task, cluster_name=name, idle_minutes_to_autostop=10, down=True)
+
+
+def test_a_down_before_the_launch_wrote_its_record_is_checked_again(
+    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sky.down`` answers ClusterDoesNotExist while the launch request still waits
+    on the server (sky/core.py: down); the cluster comes all the same. The launcher
+    died (SIGKILL) after sending it, before noting the request's id."""
+    from lightning_srifty.cli import down_cmd
+
+    fake = FakeSkyApi(scripts=[ClusterScript(listed_after_s=30)])
+    backend = make_backend(fake, tmp_path)
+    name = f"srifty-1-{backend.run_id}"
+    ClusterLedger(tmp_path, backend.run_id).mark(name, "launching")
+    _send_launch(fake, backend, name)
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=backend) == 0
+    assert f"down: {name}" in capsys.readouterr().out
+    assert name in fake.downs  # it showed up on a second look and was taken down
+    assert fake.clock.now >= 30
+    fake.clock.now += 3600
+    assert fake.left_up() == []
+    assert [e.state for e in ClusterLedger(tmp_path).entries()] == ["down"]
+
+
+def test_a_teardown_cancels_the_launch_request_first(tmp_path: Path, sky_offline: object) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript(listed_after_s=30)])
+    backend = make_backend(fake, tmp_path)
+    name = f"srifty-1-{backend.run_id}"
+    request = _send_launch(fake, backend, name)
+    ClusterLedger(tmp_path, backend.run_id).mark(name, "launching", request_id=request)
+    assert make_backend(fake, tmp_path).down_recorded() == [name]
+    assert "api_cancel" in fake.calls and fake.clock.now < 30  # no need to look again
+    fake.clock.now += 3600
+    assert fake.left_up() == [] and fake.downs == []  # the cluster never came
+
+
+def test_srifty_down_after_the_jobs_controller_stopped_is_one_line(
+    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_srifty.cli import down_cmd
+
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    backend = make_backend(fake, tmp_path, managed=True)
+    assert isinstance(backend, SkyJobsBackend)
+    backend.candidates = (HOME,)
+    handle = backend.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    fake.clock.sleep(3600)  # the launcher was closed (--keep-clusters); the job ended
+    fake.jobs.stop_controller()  # and SkyPilot's jobs controller stopped itself
+    later = make_backend(fake, tmp_path, managed=True)
+    capsys.readouterr()
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=later) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any("jobs controller is stopped" in line and "has ended" in line for line in out)
+    assert [e.state for e in ClusterLedger(tmp_path).entries()] == ["down"]
+    assert fake.cancels == []
+    # Following such a job still reads how it ended (a refresh starts the controller).
+    assert backend.status(handle).value == "succeeded"

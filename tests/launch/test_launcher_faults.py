@@ -14,6 +14,7 @@ process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +149,12 @@ def project(tmp_path: Path) -> tuple[Path, Path]:
     """A script that never runs here (the fake cloud trains) and a reused profile."""
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('runs on the cloud only')\n")
-    profile = save_profile(make_profile(), tmp_path / "profile.json")
+    measured = make_profile()
+    stack = {"torch_version": version("torch"), "lightning_version": version("lightning")}
+    env = dataclasses.replace(measured.environment, **stack)  # nodes install these
+    profile = save_profile(
+        dataclasses.replace(measured, environment=env), tmp_path / "profile.json"
+    )
     return script, profile
 
 

@@ -61,6 +61,18 @@ from lightning_srifty.core.launch_protocol import (
 # - An unreachable server (sky/server/common.py: check_server_healthy_or_start) raises
 #   ApiServerConnectionError before any request is sent; a stream cut mid-way raises
 #   requests' ChunkedEncodingError (sky/server/rest.py lists these as transient).
+# - A server restart (ApiRestart) drops the requests in flight: they are marked
+#   CANCELLED with RequestInterruptedError as their error and never resumed
+#   (sky/server/uvicorn.py: interrupt_request_for_retry; sky/server/server.py: api_get),
+#   so sdk.get re-raises RequestInterruptedError (sky/client/sdk.py: get), or
+#   RequestCancelled where an older server stored no error. What the request did before
+#   it died stays done. A log stream ends with RequestInterruptedError('Streaming
+#   interrupted. Please retry.') (sky/utils/rich_utils.py: decode_rich_status, the RETRY
+#   control), which the SDK does not retry for preload_content=False.
+# - Launching a cluster name again (sky/execution.py: launch) provisions what an
+#   interrupted launch left INIT and reuses an UP cluster, submitting the task as one
+#   more job (recorded in duplicate_jobs: a run must never do that). The cluster's job
+#   queue (sky/client/sdk.py: queue) lists the job under the task's name.
 # - Managed jobs (sky/jobs/controller.py: JobController, sky/jobs/recovery_strategy.py,
 #   sky/jobs/state.py: ManagedJobStatus): PENDING -> STARTING -> RUNNING; a cluster that
 #   is not UP -> RECOVERING -> relaunch on the ordered resources -> RUNNING with
@@ -250,6 +262,37 @@ class ClusterScript:
     checkpoint_every_s: float = 300.0
 
 
+@dataclass
+class ApiRestart:
+    """The API server restarts while the next ``op`` request is in flight.
+
+    ``op`` names the SDK call (``launch``, ``status``, ``job_status``, ``queue``,
+    ``cancel``, ``down``, ``enabled_clouds``, ``jobs.launch``, ``jobs.queue_v2``,
+    ``jobs.cancel``). ``effect`` says how far the request got before the server died:
+    ``none`` (nothing happened), ``partial`` (a launch had begun provisioning: the
+    cluster is left INIT without a job) or ``done`` (it acted; only the answer is
+    lost). ``legacy``: the server stored no error, so ``get`` raises RequestCancelled.
+    """
+
+    op: str
+    effect: str = "none"
+    legacy: bool = False
+    after: float = 0.0
+    """Virtual time from which it applies."""
+
+    def error(self, request_id: str) -> BaseException:
+        from sky import exceptions
+
+        if self.legacy:  # sky/client/sdk.py: get, a CANCELLED request without error
+            return exceptions.RequestCancelled(
+                f"Current {self.op!r} request ({request_id}) is cancelled by another process."
+            )
+        return exceptions.RequestInterruptedError(  # sky/server/server.py: api_get
+            f"Request {request_id!r} was interrupted by an API server restart and will "
+            "not be resumed. Please re-submit the original request."
+        )
+
+
 class FakeSkyHandle:
     """The two attributes of SkyPilot's CloudVmRayResourceHandle the backend reads."""
 
@@ -284,6 +327,14 @@ class FakeCluster:
             else PREEMPTED_EXIT_CODE
         )
         """What SkyPilot records when the job exits on its notice (run here, once)."""
+        self.autodown_s: float | None = None
+        """Idle seconds after which the cluster takes itself down (autostop with down),
+        as the launch asked: ``None`` when it did not."""
+        self.relaunchable = False
+        """A launch of it was dropped by a restart: launching the name again is right."""
+        self.stalled = False
+        """Its launch request died mid-provisioning (an API restart): INIT, no job,
+        until the cluster is launched again."""
 
     # -- the timeline ------------------------------------------------------------------
     @property
@@ -338,18 +389,33 @@ class FakeCluster:
         gained = int((t - self.run_at) * self.script.steps_per_s)
         return min(self.start_step + gained, self.target)
 
+    def autodown_at(self) -> float | None:
+        """When the cluster takes itself down: its skylet (sky/skylet/events.py:
+        AutostopEvent) counts idle minutes from the end of the last job
+        (job_lib.is_cluster_idle) on a cluster that is UP; a cluster whose provisioning
+        was cut off never got the setting."""
+        if self.autodown_s is None or self.stalled or self.provision_cancelled:
+            return None
+        at = max(self._job_end()[0], self.up_at) + self.autodown_s
+        if self.reclaim_at is not None and self.reclaim_at <= at:
+            return None  # AWS took the nodes first
+        return at
+
     def cluster_status(self, t: float) -> str | None:
         """ClusterStatus value at ``t``; ``None`` once the record is gone."""
         if self.downed_at is not None and t >= self.downed_at:
             return None
-        if t < self.up_at or self.provision_cancelled:
+        autodown = self.autodown_at()
+        if autodown is not None and t >= autodown:
+            return None
+        if t < self.up_at or self.provision_cancelled or self.stalled:
             return "INIT"
         if self.reclaim_at is not None and t >= self.reclaim_at:
             return {"terminate": None, "stop": "STOPPED", "partial": "INIT"}[self.script.reclaim]
         return "UP"
 
     def job_status(self, t: float) -> str | None:
-        if t < self.up_at:
+        if t < self.up_at or self.stalled:
             return None
         if self.cancelled_at is not None and t >= self.cancelled_at:
             return "CANCELLED"
@@ -369,7 +435,7 @@ class FakeCluster:
     def events(self, t: float, wall0: float) -> list[tuple[float, ProgressEvent]]:
         """The progress events the job printed up to ``t`` (and before it died)."""
         limit = min(t, self.death_at())
-        if limit < self.run_at or self.script.setup_fails:
+        if limit < self.run_at or self.script.setup_fails or self.stalled:
             return []
         out: list[tuple[float, ProgressEvent]] = []
         start = ProgressEvent(
@@ -472,6 +538,15 @@ class FakeSkyApi:
         self.drop_after = 2
         self.log_dead_first = 0
         """``tail_logs`` always fails for the first N clusters (their log never comes)."""
+        self.log_interrupts = 0
+        """This many log streams end with a restart's RequestInterruptedError after
+        ``drop_after`` lines."""
+        self.restarts: list[ApiRestart] = []
+        """Scripted restarts, each dropping the next request it names."""
+        self.dropped: list[str] = []
+        """Requests a restart dropped (``op``)."""
+        self.duplicate_jobs: list[str] = []
+        """Clusters that were given a second job by launching them again."""
         self._reconnecting = 0
         self.clock.hold = self._hold
         self.initial_step = 0
@@ -495,8 +570,34 @@ class FakeSkyApi:
         self._check_api(what)
         self._next_request += 1
         request_id = f"req-{self._next_request}"
+        restart = self._restart_for(what)
+        if restart is not None:
+            thunk = self._dropping(restart, request_id, thunk)
         self._results[request_id] = thunk
         return request_id
+
+    def _restart_for(self, op: str) -> ApiRestart | None:
+        """The scripted restart that drops this request, if any (used up)."""
+        for i, restart in enumerate(self.restarts):
+            if restart.op == op and self.clock.now >= restart.after:
+                del self.restarts[i]
+                self.dropped.append(op)
+                return restart
+        return None
+
+    @staticmethod
+    def _dropping(
+        restart: ApiRestart, request_id: str, thunk: Callable[[], Any]
+    ) -> Callable[[], Any]:
+        def result() -> Any:
+            if restart.effect == "done":
+                try:
+                    thunk()  # it acted before the server went down; the answer is lost
+                except Exception:  # noqa: BLE001, S110 - whatever it answered is lost too
+                    pass
+            raise restart.error(request_id)
+
+        return result
 
     def get(self, request_id: str) -> Any:
         self._check_api("get")
@@ -570,18 +671,46 @@ class FakeSkyApi:
         name = str(kwargs["cluster_name"])
         common_utils.check_cluster_name_is_valid(name)  # SkyPilot's own rule
         self._check_api(f"launch {name}")
-        assert name not in self.clusters, f"cluster name {name} reused: runs would share it"
+        restart = self._restart_for("launch")
         self.launched.append((name, task, dict(kwargs)))
-        script = self.scripts[0] if self.scripts else ClusterScript()
-        if script.error is not None:
-            self.scripts.pop(0)
-            cluster = None
+        existing = self.clusters.get(name)
+        if existing is not None and existing.cluster_status(self.clock.now) is not None:
+            # Launching a name again (sky/execution.py: launch): only after a launch of
+            # ours was dropped; two runs sharing a name would be a bug.
+            assert existing.relaunchable, f"cluster name {name} reused: runs would share it"
+            cluster: FakeCluster | None = existing
+            if existing.stalled:  # provisioning picks up where it was cut off
+                existing.stalled = False
+                existing.up_at = self.clock.now + existing.script.provision_s / 2
+                existing.run_at = existing.up_at + existing.script.setup_s
+            elif existing.job_status(self.clock.now) is not None:
+                self.duplicate_jobs.append(name)  # an UP cluster runs the task again
+            script = existing.script
         else:
-            cluster = self.provision(task, name)
+            assert name not in self.clusters, f"cluster name {name} reused: runs would share it"
+            script = self.scripts[0] if self.scripts else ClusterScript()
+            if script.error is not None:
+                self.scripts.pop(0)
+                cluster = None
+            elif restart is not None and restart.effect == "none":
+                cluster = None  # the server died before provisioning anything
+            else:
+                cluster = self.provision(task, name)
+        if cluster is not None:
+            cluster.autodown_s = self._autodown_s(task, kwargs)
 
         def result() -> Any:
-            if script.error is not None:
+            if script.error is not None and cluster is None:
                 raise script.error
+            if restart is not None:
+                self.clock.sleep(10.0)
+                if cluster is not None:
+                    cluster.relaunchable = True
+                    if restart.effect == "partial":
+                        cluster.stalled = True  # the provisioner died with the server
+                    elif self.clock.now < cluster.up_at:
+                        self.clock.sleep(cluster.up_at - self.clock.now)  # job submitted
+                raise restart.error(request_id)
             if cluster is None:
                 self.clock.sleep(30.0)  # the failover through the zones takes a while
                 raise sky.exceptions.ResourcesUnavailableError(
@@ -596,12 +725,27 @@ class FakeSkyApi:
             n = cluster.index
             internal = [f"10.0.{n}.{node + 1}" for node in range(cluster.nodes)]
             external = [f"203.0.113.{(10 * n + node) % 250}" for node in range(cluster.nodes)]
-            return 1, FakeSkyHandle(internal, external)
+            return (2 if name in self.duplicate_jobs else 1), FakeSkyHandle(internal, external)
 
         self._next_request += 1
         request_id = f"req-{self._next_request}"
         self._results[request_id] = result
         return request_id
+
+    @staticmethod
+    def _autodown_s(task: Any, kwargs: dict[str, Any]) -> float | None:
+        """What SkyPilot makes of the launch's autostop arguments: its own
+        ``Resources.override_autostop_config`` (sky/execution.py: launch), where
+        ``down`` without minutes means 0, which it raises to 1 minute."""
+        resources = next(iter(task.resources)).copy()
+        resources.override_autostop_config(
+            down=bool(kwargs.get("down", False)),
+            idle_minutes=kwargs.get("idle_minutes_to_autostop"),
+        )
+        config = resources.autostop_config
+        if config is None or not config.enabled or not config.down:
+            return None
+        return max(int(config.idle_minutes), 1) * 60.0
 
     def status(self, cluster_names: list[str], **kwargs: Any) -> str:
         from sky.schemas.api import responses
@@ -614,13 +758,20 @@ class FakeSkyApi:
                 status = None if cluster is None else cluster.cluster_status(self.clock.now)
                 if cluster is None or status is None:
                     continue
+                n = cluster.index
                 records.append(
                     responses.StatusResponse(
                         name=name,
+                        handle=FakeSkyHandle(
+                            [f"10.0.{n}.{node + 1}" for node in range(cluster.nodes)],
+                            [f"203.0.113.{(10 * n + node) % 250}" for node in range(cluster.nodes)],
+                        ),
                         launched_at=int(self.clock.time()),
                         status=status_lib.ClusterStatus(status),
-                        autostop=-1,
-                        to_down=False,
+                        autostop=-1
+                        if cluster.autodown_s is None
+                        else int(cluster.autodown_s // 60),
+                        to_down=cluster.autodown_s is not None,
                         cluster_hash=f"hash-{name}",
                         cluster_ever_up=True,
                         user_hash="fake-user",
@@ -645,6 +796,35 @@ class FakeSkyApi:
             return {job_id: status for job_id in job_ids or [1]}
 
         return self._request("job_status", result)
+
+    def queue(self, cluster_name: str, skip_finished: bool = False, **kwargs: Any) -> str:
+        """The cluster's job queue: job 1 under the task's name once it was submitted."""
+        from sky.schemas.api import responses
+        from sky.skylet import job_lib
+
+        def result() -> Any:
+            cluster = self._cluster(cluster_name, "getting the job queue")
+            raw = cluster.job_status(self.clock.now)
+            if raw is None:
+                return []
+            status = job_lib.JobStatus(raw)
+            if skip_finished and status.is_terminal():
+                return []
+            return [
+                responses.ClusterJobRecord(
+                    job_id=job_id,
+                    job_name=str(cluster.task.name),
+                    username="srifty-tests",
+                    user_hash="fake-user",
+                    submitted_at=self.clock.time(),
+                    resources=f"{cluster.nodes}x AWS",
+                    status=status,
+                    log_path=f"~/sky_logs/sky-{job_id}",
+                )
+                for job_id in ([1, 2] if cluster_name in self.duplicate_jobs else [1])
+            ]
+
+        return self._request("queue", result)
 
     def cancel(self, cluster_name: str, **kwargs: Any) -> str:
         def result() -> None:
@@ -693,6 +873,10 @@ class FakeSkyApi:
         drop = self.log_drops > 0
         if drop:
             self.log_drops -= 1
+        restart = not drop and self.log_interrupts > 0
+        if restart:
+            self.log_interrupts -= 1
+            drop = True
 
         def chunks() -> Iterator[str | None]:
             key = id(object())
@@ -706,6 +890,12 @@ class FakeSkyApi:
                     for _, event in fresh:
                         if drop and sent >= self.drop_after:
                             self._broke()
+                            if restart:
+                                from sky import exceptions
+
+                                raise exceptions.RequestInterruptedError(
+                                    "Streaming interrupted. Please retry."
+                                )
                             raise requests.exceptions.ChunkedEncodingError(
                                 "Connection broken: IncompleteRead(0 bytes read)"
                             )
@@ -731,6 +921,10 @@ class FakeSkyApi:
         self.clock.poke()
 
 
+_SKY_DEFAULT: Any = object()
+"""An argument left out: SkyPilot's own default applies."""
+
+
 class FakeJobsApi:
     """``sky.jobs.client.sdk`` of :class:`FakeSkyApi`: managed jobs and their controller."""
 
@@ -743,6 +937,17 @@ class FakeJobsApi:
 
         assert isinstance(task, sky.Task)
         self.api._check_api("jobs.launch")  # noqa: SLF001
+        restart = self.api._restart_for("jobs.launch")  # noqa: SLF001
+        if restart is not None and restart.effect == "none":
+            self.api.launched.append((name or task.name or "managed", task, dict(kwargs)))
+            self.api._next_request += 1  # noqa: SLF001
+            request_id = f"req-{self.api._next_request}"  # noqa: SLF001
+
+            def dropped() -> Any:
+                raise restart.error(request_id)
+
+            self.api._results[request_id] = dropped  # noqa: SLF001
+            return request_id
         resources = list(task.resources)
         assert isinstance(task.resources, list), "ordered resources must be a list"
         # sky/jobs/recovery_strategy.py: StrategyExecutor.make
@@ -768,27 +973,49 @@ class FakeJobsApi:
         )
         self.api.managed[job_id] = job
         self.api.launched.append((job.name, task, dict(kwargs)))
+        if restart is not None:  # submitted; the answer died with the server
+            self.api.restarts.insert(0, restart)
+            self.api.dropped.pop()
         return self.api._request("jobs.launch", lambda: ([job_id], None))  # noqa: SLF001
 
-    def queue_v2(self, refresh: bool, job_ids: list[int] | None = None, **kwargs: Any) -> str:
-        from sky.jobs import state
+    def queue_v2(
+        self,
+        refresh: bool,
+        job_ids: list[int] | None = None,
+        name_match: str | None = None,
+        fields: Any = _SKY_DEFAULT,
+        **kwargs: Any,
+    ) -> str:
+        """The managed-job queue. ``name_match`` is SQL ``LIKE %name%``
+        (sky/jobs/state.py); with ``fields`` only those columns (and ``job_id``,
+        ``task_id``, ``status``) come back (sky/jobs/server/core.py: queue_v2_api), and
+        by default SkyPilot asks for DEFAULT_MANAGED_JOB_FIELDS (sky/jobs/constants.py),
+        which leave out ``failure_reason``."""
+        from sky.jobs import constants, state
         from sky.schemas.api import responses
+
+        wanted = constants.DEFAULT_MANAGED_JOB_FIELDS if fields is _SKY_DEFAULT else fields
 
         def result() -> Any:
             records = []
             for job in self.api.managed.values():
                 if job_ids and job.job_id not in job_ids:
                     continue
+                if name_match is not None and name_match not in job.name:
+                    continue
                 self._advance(job)
-                records.append(
-                    responses.ManagedJobRecord(
-                        job_id=job.job_id,
-                        job_name=job.name,
-                        status=state.ManagedJobStatus(job.status),
-                        recovery_count=job.recovery_count,
-                        failure_reason=job.failure_reason,
-                    )
-                )
+                row = {
+                    "job_id": job.job_id,
+                    "task_id": 0,
+                    "job_name": job.name,
+                    "status": state.ManagedJobStatus(job.status),
+                    "recovery_count": job.recovery_count,
+                    "failure_reason": job.failure_reason,
+                }
+                if wanted:
+                    keep = set(wanted) | {"job_id", "task_id", "status"}
+                    row = {k: v for k, v in row.items() if k in keep}
+                records.append(responses.ManagedJobRecord(**row))
             return records, len(records), {}, len(self.api.managed)
 
         return self.api._request("jobs.queue_v2", result)  # noqa: SLF001
@@ -811,6 +1038,7 @@ class FakeJobsApi:
         assert kwargs.get("preload_content") is False
         self.api._check_api("jobs.tail_logs")  # noqa: SLF001
         job = self.api.managed[int(job_id or 0)]
+        self.api._came_back()  # noqa: SLF001 - a reader that reconnects
         wall0 = self.api.clock.wall0
 
         def events(t: float) -> list[tuple[float, ProgressEvent]]:

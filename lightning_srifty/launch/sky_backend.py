@@ -42,11 +42,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from lightning_srifty.core.errors import (
+    ApiUnavailableError,
     CapacityError,
     LaunchError,
 )
 from lightning_srifty.launch.backend import JobState, LaunchSpec
 from lightning_srifty.launch.sky_client import (
+    InterruptedRequest,
     LostRequest,
     SkyClient,
     SkyCluster,
@@ -55,6 +57,7 @@ from lightning_srifty.launch.sky_client import (
     combine_states,
     head_private_ip,
     map_status,
+    reconnectable,
 )
 from lightning_srifty.launch.sky_tasks import build_tasks
 
@@ -151,7 +154,10 @@ class SkyBackend(SkyClient):
                 raise LaunchError(f"cannot follow the log of {master.name}: {exc}") from None
 
         progress = LogProgress(
-            stream, f"the job log of {master.name}", sleep=self._log_sleep, reconnect_s=5.0
+            reconnectable(stream),
+            f"the job log of {master.name}",
+            sleep=self._log_sleep,
+            reconnect_s=5.0,
         )
         self._progress[master.name] = progress
         return progress
@@ -187,43 +193,113 @@ class SkyBackend(SkyClient):
         progress = self._progress.pop(job.clusters[0].name, None)
         if progress is not None:
             progress.stop()
+        if self.api_gone:
+            # The attempt ended because the API server stayed away: the job may be
+            # healthy, and SkyPilot's autostop takes its clusters down when it ends.
+            log.warning("not taking down %s: %s", job.clusters[0].name, self._left_running())
+            return
         self._down_names([c.name for c in job.clusters])
 
     def _launch_task(self, task: sky.Task) -> SkyCluster:
-        """Submits one task to its own cluster and waits until its job is submitted."""
+        """Submits one task to its own cluster and waits until its job is submitted.
+
+        A launch that a server restart dropped is sent again: launching a named
+        cluster again provisions what is missing and reuses what is up
+        (``sky/execution.py: launch``). Only when the first one got as far as
+        submitting its job is that job taken over instead, so the cluster never runs
+        two (:meth:`_adopt`).
+        """
         from sky import exceptions
 
         cluster_name = task.name or "srifty"
         if self.ledger is not None:
             self.ledger.mark(cluster_name, "launching")
         what = f"launch {cluster_name}"
-        try:
-            request = self._call(
-                lambda: self.sdk.launch(
-                    task,
-                    cluster_name=cluster_name,
-                    idle_minutes_to_autostop=self.idle_minutes_to_autostop,
-                    down=False,
-                ),
-                what,
-                resend=False,
-            )
-        except LostRequest as lost:
-            # The request may or may not have reached the server: make sure nothing of
-            # it is left, then let the controller try again.
-            self._down_names([cluster_name])
-            raise CapacityError(f"{what}: the request was lost ({lost}); torn down") from None
-        try:
-            job_id, handle = self._call(lambda: self.sdk.stream_and_get(request), what)
-        except KeyboardInterrupt:
+        for _ in range(self.api.reissues + 1):
             try:
-                self.sdk.api_cancel(request)
-            except (RuntimeError, OSError, exceptions.RequestCancelled) as exc:
-                log.info("could not cancel the launch request of %s: %s", cluster_name, exc)
-            raise
+                request = self._call(
+                    lambda: self.sdk.launch(
+                        task,
+                        cluster_name=cluster_name,
+                        idle_minutes_to_autostop=self.idle_minutes_to_autostop,
+                        down=True,
+                    ),
+                    what,
+                    resend=False,
+                )
+            except InterruptedRequest:
+                adopted = self._adopt(cluster_name)
+                if adopted is not None:
+                    return adopted
+                continue
+            except LostRequest as lost:
+                # The request may or may not have reached the server: make sure nothing
+                # of it is left, then let the controller try again.
+                self._down_names([cluster_name])
+                raise CapacityError(f"{what}: the request was lost ({lost}); torn down") from None
+            self._requests[cluster_name] = request
+            try:
+                job_id, handle = self._call(
+                    lambda r=request: self.sdk.stream_and_get(r),  # type: ignore[misc]
+                    what,
+                    reissue=False,
+                )
+            except InterruptedRequest as exc:
+                log.warning("%s: %s; launching it again", what, exc)
+                self.api_reissues += 1
+                adopted = self._adopt(cluster_name)
+                if adopted is not None:
+                    return adopted
+                continue
+            except KeyboardInterrupt:
+                try:
+                    self.sdk.api_cancel(request)
+                except (RuntimeError, OSError, exceptions.RequestCancelled) as exc:
+                    log.info("could not cancel the launch request of %s: %s", cluster_name, exc)
+                raise
+            if self.ledger is not None:
+                self.ledger.mark(cluster_name, "up")
+            return SkyCluster(cluster_name, job_id, head_private_ip(handle))
+        self.api_gone = True
+        raise ApiUnavailableError(
+            f"{what}: the SkyPilot API server dropped the launch {self.api.reissues + 1} "
+            "times in a row (restarts)"
+        )
+
+    def _adopt(self, cluster_name: str) -> SkyCluster | None:
+        """The job an interrupted launch already submitted, if it got that far.
+
+        ``sky.launch`` names the job after the task (our cluster name); a cluster that
+        is UP with such a job in its queue (``sky/client/sdk.py: queue``) needs no
+        second launch. Anything less (no record, INIT, no job) is launched again.
+        """
+        from sky import exceptions
+        from sky.utils import common as sky_common
+
+        records = self._call(
+            lambda: self.sdk.get(
+                self.sdk.status([cluster_name], refresh=sky_common.StatusRefreshMode.NONE)
+            ),
+            f"status of {cluster_name}",
+        )
+        record = next((r for r in records or [] if r["name"] == cluster_name), None)
+        if record is None or str(getattr(record["status"], "value", record["status"])) != "UP":
+            return None
+        try:
+            jobs = self._call(
+                lambda: self.sdk.get(self.sdk.queue(cluster_name, skip_finished=False)),
+                f"job queue of {cluster_name}",
+            )
+        except (exceptions.ClusterNotUpError, exceptions.ClusterDoesNotExist):
+            return None
+        ours = [int(j["job_id"]) for j in jobs or [] if j["job_name"] == cluster_name]
+        if not ours:
+            return None
+        log.info("%s: the interrupted launch had submitted job %d; following it", cluster_name,
+                 max(ours))  # fmt: skip
         if self.ledger is not None:
             self.ledger.mark(cluster_name, "up")
-        return SkyCluster(cluster_name, job_id, head_private_ip(handle))
+        return SkyCluster(cluster_name, max(ours), head_private_ip(record["handle"]))
 
     def _cluster_state(self, cluster: SkyCluster, progress: LogProgress | None) -> JobState:
         from sky import exceptions

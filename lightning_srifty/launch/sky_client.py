@@ -13,7 +13,7 @@ import logging
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -52,6 +52,8 @@ class SkySdk(Protocol):
     def status(self, cluster_names: list[str], **kwargs: Any) -> Any: ...
 
     def job_status(self, cluster_name: str, job_ids: list[int] | None = None) -> Any: ...
+
+    def queue(self, cluster_name: str, skip_finished: bool = False, **kwargs: Any) -> Any: ...
 
     def cancel(self, cluster_name: str, **kwargs: Any) -> Any: ...
 
@@ -126,6 +128,13 @@ class ApiPatience:
     patience_s: float = 1800.0
     first_wait_s: float = 2.0
     longest_wait_s: float = 60.0
+    reissues: int = 5
+    """How often in a row a request that a server restart dropped is sent again.
+
+    A restarting server marks its in-flight requests interrupted and does not resume
+    them (``sky/server/uvicorn.py: interrupt_request_for_retry``); ``sdk.get`` then
+    raises ``RequestInterruptedError`` (``RequestCancelled`` from older servers), and
+    SkyPilot expects the client to send the request again (``sky/exceptions.py``)."""
 
 
 # SkyPilot job statuses (sky.skylet.job_lib.JobStatus values) that are not failures.
@@ -150,6 +159,11 @@ _SEVERITY = (
 NOTICE_WINDOW_S = 150.0
 """EC2 gives a spot node two minutes between its notice and the reclaim; a job that
 exits during that time with the cluster still UP may be a preempted one."""
+AUTOSTOP_IDLE_MINUTES = 10
+"""Every cluster is launched to take itself down after this many idle minutes
+(``sky.launch(idle_minutes_to_autostop=..., down=True)``): whatever happens to the
+launcher, a cluster whose job ended stops billing. Longer than every window the
+backend watches an ended job through (:data:`NOTICE_WINDOW_S`, :data:`INIT_TIMEOUT_S`)."""
 INIT_TIMEOUT_S = 300.0
 """How long a launched cluster may stay INIT (some nodes lost) before it counts as
 preempted: SkyPilot itself never repairs it (``sky start`` would)."""
@@ -199,10 +213,13 @@ def combine_states(states: Sequence[JobState]) -> JobState:
 class _Transient(Exception):
     """An API call that may succeed if tried again (internal to the backend)."""
 
-    def __init__(self, message: str, *, sent: bool):
+    def __init__(self, message: str, *, sent: bool, interrupted: bool = False):
         super().__init__(message)
         self.sent = sent
         """The request may have reached the server (a retry could act twice)."""
+        self.interrupted = interrupted
+        """The server took the request and dropped it when it restarted: it will not
+        be resumed, and only sending it again gets an answer."""
 
 
 class SkyClient:
@@ -244,7 +261,7 @@ class SkyClient:
         checkpoint_uri: str | None = None,
         master_port: int = DEFAULT_MASTER_PORT,
         pin_zone: bool = False,
-        idle_minutes_to_autostop: int | None = None,
+        idle_minutes_to_autostop: int = AUTOSTOP_IDLE_MINUTES,
         allow_env: Collection[str] = (),
         run_dir: str | Path | None = None,
         user_setup: str | None = None,
@@ -285,6 +302,11 @@ class SkyClient:
         """What preparing the task changed or decided (for the UI)."""
         self.api_retries = 0
         """API calls retried because the server was unreachable."""
+        self.api_reissues = 0
+        """Requests sent again because a server restart dropped them."""
+        self.api_gone = False
+        """The last API call gave up (:class:`ApiUnavailableError`): teardown is not
+        attempted on such a failure (see :meth:`_left_running`)."""
         self._prepared: dict[str, Any] | None = None
         self._launches = 0
         self._progress: dict[str, LogProgress] = {}
@@ -293,6 +315,8 @@ class SkyClient:
         self._draining: dict[str, float] = {}
         self._last_job: dict[str, str | None] = {}
         self._why: dict[str, str] = {}
+        self._requests: dict[str, Any] = {}
+        """Cluster name -> its latest launch request (cancelled before a teardown)."""
 
     @property
     def sdk(self) -> SkySdk:
@@ -372,6 +396,33 @@ class SkyClient:
         self._down_names(names)
         return names
 
+    def live_recorded(self) -> list[str]:
+        """What the ledger lists as not down and SkyPilot still reports, as
+        ``name (STATUS)`` (``--resume`` refuses to start a second writer beside it).
+
+        The status is refreshed from the cloud (``StatusRefreshMode.FORCE``): a cluster
+        whose VMs are gone must not block a resume.
+        """
+        if self.ledger is None:
+            return []
+        from sky.utils import common as sky_common
+
+        names = [e.name for e in self.ledger.not_down() if e.kind == "cluster"]
+        if not names:
+            return []
+        records = self._call(
+            lambda: self.sdk.get(
+                self.sdk.status(names, refresh=sky_common.StatusRefreshMode.FORCE)
+            ),
+            f"status of {', '.join(names)}",
+        )
+        live = []
+        for record in records or []:
+            status = str(getattr(record["status"], "value", record["status"]))
+            if record["name"] in names and status in ("INIT", "UP"):
+                live.append(f"{record['name']} ({status})")
+        return live
+
     def _down_names(self, names: Sequence[str]) -> None:
         """Tears down each cluster (retried); ClusterDoesNotExist means already gone.
 
@@ -402,23 +453,53 @@ class SkyClient:
             )
 
     def _call(
-        self, request: Callable[[], Any], what: str, *, retry: bool = True, resend: bool = True
+        self,
+        request: Callable[[], Any],
+        what: str,
+        *,
+        retry: bool = True,
+        resend: bool = True,
+        reissue: bool = True,
+        passthrough: tuple[type[BaseException], ...] = (),
     ) -> Any:
         """One SDK round trip, turning SkyPilot's errors into ours, retrying outages.
 
         Args:
-            request: The call.
+            request: The call (sending the request and getting its result).
             what: Names it in messages.
             retry: Wait out an unreachable API server (for :attr:`api`'s patience).
             resend: The call may be repeated even if it may have reached the server
                 (reads and idempotent calls); a launch may not (:class:`LostRequest`).
+            reissue: A request the server dropped on a restart is sent again at once
+                (up to :attr:`ApiPatience.reissues` times in a row); otherwise
+                :class:`InterruptedRequest` tells the caller, who knows whether
+                sending it again is safe.
+            passthrough: SkyPilot exceptions the caller handles itself.
+
+        Raises:
+            ApiUnavailableError: the server stayed away or kept dropping the request;
+                :attr:`api_gone` is set (what the run started is left running).
         """
         wait = self.api.first_wait_s
         started = self._clock()
+        dropped = 0
         while True:
             try:
-                return self._call_once(request, what)
+                result = self._call_once(request, what, passthrough)
             except _Transient as exc:
+                if exc.interrupted:
+                    if not reissue:
+                        raise InterruptedRequest(str(exc)) from None
+                    dropped += 1
+                    self.api_reissues += 1
+                    if dropped > self.api.reissues:
+                        self.api_gone = True
+                        raise ApiUnavailableError(
+                            f"{what}: the SkyPilot API server dropped the request {dropped} "
+                            f"times in a row (restarts; {exc}); {self._left_running()}"
+                        ) from None
+                    log.warning("%s: %s; sending it again", what, exc)
+                    continue
                 if exc.sent and not resend:
                     raise LostRequest(str(exc)) from None
                 waited = self._clock() - started
@@ -426,19 +507,37 @@ class SkyClient:
                     raise LaunchError(f"{what}: SkyPilot API server unavailable ({exc})") from None
                 left = self.api.patience_s - waited
                 if left <= 0:
+                    self.api_gone = True
                     raise ApiUnavailableError(
                         f"{what}: the SkyPilot API server was unreachable for "
                         f"{waited / 60:.0f} min, as long as srifty-launch waits "
-                        f"({self.api.patience_s / 60:.0f} min; {exc})"
+                        f"({self.api.patience_s / 60:.0f} min; {exc}); {self._left_running()}"
                     ) from None
                 pause = min(wait, left)
                 self.api_retries += 1
                 log.warning("%s: API server unreachable (%s); retrying in %.0f s", what, exc, pause)
                 self._sleep(pause)
                 wait = min(wait * 2, self.api.longest_wait_s)
+            else:
+                self.api_gone = False
+                return result
+
+    def _left_running(self) -> str:
+        """What happens to the run's clusters when the launcher gives up on the API."""
+        where = str(self.run_dir) if self.run_dir is not None else "RUN_DIR"
+        return (
+            "what the run started was left running (a failed API call is no reason to "
+            "stop a healthy job); SkyPilot takes each cluster down "
+            f"{self.idle_minutes_to_autostop} min after its job ends; "
+            f"`srifty down {where}` stops it all now"
+        )
 
     @staticmethod
-    def _call_once(request: Callable[[], Any], what: str) -> Any:
+    def _call_once(
+        request: Callable[[], Any],
+        what: str,
+        passthrough: tuple[type[BaseException], ...] = (),
+    ) -> Any:
         """Runs one SDK round trip, turning SkyPilot's errors into ours."""
         import requests
         import urllib3
@@ -446,6 +545,8 @@ class SkyClient:
 
         try:
             return request()
+        except passthrough:
+            raise
         except (
             exceptions.CloudUserIdentityError,
             exceptions.InvalidCloudCredentials,
@@ -459,6 +560,14 @@ class SkyClient:
             raise CapacityError(f"{what}: resources unavailable ({first})") from None
         except (exceptions.ClusterDoesNotExist, exceptions.ClusterNotUpError):
             raise
+        except (exceptions.RequestInterruptedError, exceptions.RequestCancelled) as exc:
+            # The server restarted with the request in flight (or an older server
+            # marked it cancelled on its way down): it is gone and will not resume.
+            raise _Transient(
+                f"interrupted by an API server restart ({_first_line(exc)})",
+                sent=True,
+                interrupted=True,
+            ) from None
         except (
             exceptions.ApiServerConnectionError,
             exceptions.ServerTemporarilyUnavailableError,
@@ -477,15 +586,55 @@ class SkyClient:
             raise LaunchError(
                 f"{what}: SkyPilot API server unavailable ({_first_line(exc)})"
             ) from None
+        except Exception as exc:
+            if not type(exc).__module__.startswith("sky"):
+                raise  # not SkyPilot's: a bug of ours, with its traceback
+            # Whatever else SkyPilot raises (CommandError after provisioning,
+            # ProvisionPrechecksError, ClusterSetUpError, ...): one line.
+            raise LaunchError(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from None
 
 
 class LostRequest(Exception):
     """A request that may have reached the server failed in transit (internal)."""
 
 
+class InterruptedRequest(LostRequest):
+    """The server took the request and dropped it on a restart (internal): nothing of
+    it runs any more, but part of it may have happened."""
+
+
 def _first_line(exc: BaseException) -> str:
+    error_msg = getattr(exc, "error_msg", None)  # CommandError: its own words first
+    if error_msg:
+        failure = getattr(exc, "failure", "")
+        return f"{str(error_msg).strip().splitlines()[0]}" + (f" ({failure})" if failure else "")
     text = str(exc).strip()
+    if not text:
+        reasons = getattr(exc, "reasons", None)  # ProvisionPrechecksError
+        if reasons:
+            return "; ".join(_first_line(r) for r in reasons)
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def reconnectable(open_stream: Callable[[], Iterable[str | None]]) -> Callable[[], Any]:
+    """A log stream whose restart interruptions read as a broken connection.
+
+    A server restart ends a log stream with ``RequestInterruptedError`` (the stream's
+    ``RETRY`` control, ``sky/utils/rich_utils.py: decode_rich_status``), which the SDK
+    does not retry when the content is not preloaded; this turns it (and
+    ``RequestCancelled``) into :class:`LaunchError`, which the log follower answers by
+    opening the log again.
+    """
+
+    def stream() -> Iterator[str | None]:
+        from sky import exceptions
+
+        try:
+            yield from open_stream()
+        except (exceptions.RequestInterruptedError, exceptions.RequestCancelled) as exc:
+            raise LaunchError(f"log stream interrupted ({_first_line(exc)})") from None
+
+    return stream
 
 
 def head_private_ip(handle: Any) -> str | None:

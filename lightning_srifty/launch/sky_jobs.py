@@ -11,14 +11,22 @@ job's log for the live view and the summary, and may be closed at any time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lightning_srifty.core.cluster import Plan
-from lightning_srifty.core.errors import ConfigError, LaunchError
+from lightning_srifty.core.errors import ApiUnavailableError, ConfigError, LaunchError
 from lightning_srifty.launch.backend import JobState, LaunchSpec
-from lightning_srifty.launch.sky_client import LostRequest, SkyClient, SkyJobsSdk, real_jobs_sdk
+from lightning_srifty.launch.sky_client import (
+    InterruptedRequest,
+    LostRequest,
+    SkyClient,
+    SkyJobsSdk,
+    real_jobs_sdk,
+    reconnectable,
+)
 from lightning_srifty.launch.sky_tasks import (
     ENV_GROUP_INDEX,
     ENV_TOTAL_NODES,
@@ -30,6 +38,8 @@ if TYPE_CHECKING:
     import sky
 
     from lightning_srifty.launch.controller import LogProgress
+
+log = logging.getLogger(__name__)
 
 MANAGED_RECOVERY = "EAGER_NEXT_REGION"
 """SkyPilot's default strategy. In 0.14.1 it relaunches the ordered resources from #1,
@@ -151,9 +161,9 @@ def managed_task(
     }
     pin_zone = bool(task_options.get("pin_zone", False))
     resources = [
-        group_resources(p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone).copy(
-            job_recovery=dict(job_recovery)
-        )
+        group_resources(
+            p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone, efa=p.cluster.uses_efa
+        ).copy(job_recovery=dict(job_recovery))
         for p in plans
     ]
     task.set_resources(resources)  # a list: SkyPilot tries them in this order
@@ -229,16 +239,7 @@ class SkyJobsBackend(SkyClient):
         )
         if self.ledger is not None:
             self.ledger.mark(name, "launching", kind="managed-job")
-        try:
-            request = self._call(
-                lambda: self.jobs_sdk.launch(task, name=name), f"submit {name}", resend=False
-            )
-        except LostRequest as lost:
-            raise LaunchError(
-                f"submitting managed job {name} failed in transit ({lost}); check "
-                f"`sky jobs queue` for a job named {name} before launching again"
-            ) from None
-        job_ids, _ = self._call(lambda: self.sdk.stream_and_get(request), f"submit {name}")
+        job_ids = self._submit(task, name)
         if not job_ids:
             raise LaunchError(f"SkyPilot returned no managed job id for {name}")
         job_id = int(job_ids[0])
@@ -246,9 +247,69 @@ class SkyJobsBackend(SkyClient):
             self.ledger.mark(name, "up", kind="managed-job", job_id=job_id)
         return ManagedJob(name, job_id, spec.plan.use_spot)
 
-    def _record(self, job: ManagedJob) -> Any:
+    def _submit(self, task: sky.Task, name: str) -> list[int]:
+        """Submits the managed job; a submission a server restart dropped is sent again
+        only when the queue has no job of this name (unique to the run and attempt),
+        so the job never starts twice."""
+        what = f"submit {name}"
+        for _ in range(self.api.reissues + 1):
+            try:
+                request = self._call(
+                    lambda: self.jobs_sdk.launch(task, name=name), what, resend=False
+                )
+            except InterruptedRequest:
+                found = self._find_by_name(name)
+                if found:
+                    return found
+                continue
+            except LostRequest as lost:
+                raise LaunchError(
+                    f"submitting managed job {name} failed in transit ({lost}); check "
+                    f"`sky jobs queue` for a job named {name} before launching again"
+                ) from None
+            try:
+                job_ids, _ = self._call(
+                    lambda r=request: self.sdk.stream_and_get(r),  # type: ignore[misc]
+                    what,
+                    reissue=False,
+                )
+            except InterruptedRequest as exc:
+                log.warning("%s: %s; looking for it in the queue", what, exc)
+                self.api_reissues += 1
+                found = self._find_by_name(name)
+                if found:
+                    return found
+                continue
+            return [int(i) for i in job_ids or []]
+        self.api_gone = True
+        raise ApiUnavailableError(
+            f"{what}: the SkyPilot API server dropped the submission "
+            f"{self.api.reissues + 1} times in a row (restarts)"
+        )
+
+    def _find_by_name(self, name: str) -> list[int]:
+        """Ids of this user's managed jobs named exactly ``name`` (newest last)."""
         result = self._call(
-            lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False, job_ids=[job.job_id])),
+            lambda: self.sdk.get(
+                self.jobs_sdk.queue_v2(
+                    refresh=False, name_match=name, fields=["job_id", "job_name", "status"]
+                )
+            ),
+            f"look for managed job {name}",
+        )
+        records = result[0] if isinstance(result, tuple) else result
+        return sorted(int(r["job_id"]) for r in records or [] if r["job_name"] == name)
+
+    def _record(self, job: ManagedJob) -> Any:
+        """The job's queue record, with ``failure_reason``: SkyPilot's default fields
+        (``sky/jobs/constants.py: DEFAULT_MANAGED_JOB_FIELDS``) leave it out."""
+        from sky.jobs import constants
+
+        fields = [*constants.DEFAULT_MANAGED_JOB_FIELDS, "failure_reason"]
+        result = self._call(
+            lambda: self.sdk.get(
+                self.jobs_sdk.queue_v2(refresh=False, job_ids=[job.job_id], fields=fields)
+            ),
             f"status of managed job {job.job_id}",
         )
         records = result[0] if isinstance(result, tuple) else result
@@ -290,7 +351,7 @@ class SkyJobsBackend(SkyClient):
             return self.jobs_sdk.tail_logs(job_id=job.job_id, follow=True, preload_content=False)
 
         progress = LogProgress(
-            stream, f"the log of managed job {job.job_id}", sleep=self._log_sleep
+            reconnectable(stream), f"the log of managed job {job.job_id}", sleep=self._log_sleep
         )
         self._progress[job.name] = progress
         return progress
@@ -309,12 +370,42 @@ class SkyJobsBackend(SkyClient):
         status = None if raw is None else str(getattr(raw, "value", raw))
         if status is not None and _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
             return
+        if self.api_gone:
+            # Following the job failed, not the job: SkyPilot's controller keeps it.
+            log.warning("not cancelling managed job %d: %s", job.job_id, self._left_running())
+            return
         self._call(
             lambda: self.sdk.get(self.jobs_sdk.cancel(job_ids=[job.job_id])),
             f"cancel managed job {job.job_id}",
         )
         if self.ledger is not None:
             self.ledger.mark(job.name, "down", kind="managed-job", job_id=job.job_id)
+
+    def live_recorded(self) -> list[str]:
+        """As :meth:`SkyClient.live_recorded`, plus the run's managed jobs not yet ended."""
+        live = super().live_recorded()
+        if self.ledger is None:
+            return live
+        jobs = [e for e in self.ledger.not_down() if e.kind == "managed-job"]
+        if not jobs:
+            return live
+        result = self._call(
+            lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False)),
+            "managed job queue",
+        )
+        records = result[0] if isinstance(result, tuple) else result
+        for entry in jobs:
+            for record in records or []:
+                same = (
+                    int(record["job_id"]) == entry.job_id
+                    if entry.job_id is not None
+                    else record.get("job_name") == entry.name
+                )
+                raw = record["status"]
+                status = str(getattr(raw, "value", raw))
+                if same and not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
+                    live.append(f"managed job {entry.job_id or entry.name} ({status})")
+        return live
 
     def down_recorded(self) -> list[str]:
         names = super().down_recorded()

@@ -83,11 +83,20 @@ DRY_RUN_SCHEMA_VERSION = 1
 # ---------------------------------------------------------------------------------------
 
 
-def group_resources(group: ClusterGroup, *, use_spot: bool, pin_zone: bool = True) -> sky.Resources:
+def group_resources(
+    group: ClusterGroup, *, use_spot: bool, pin_zone: bool = True, efa: bool | None = None
+) -> sky.Resources:
     """``sky.Resources`` pinning one group's instance type, market, region (and zone).
 
     Accelerators are implied by the instance type, so they are not repeated: SkyPilot
-    fills them in from its catalog, which is how its prices line up with ours.
+    fills them in from its catalog, which is how its prices line up with ours. A plan
+    priced over EFA asks for it with ``network_tier="best"``: SkyPilot then attaches
+    every EFA interface the type has (``sky/clouds/aws.py``,
+    ``make_deploy_resources_variables``); without it the nodes talk TCP.
+
+    Args:
+        efa: The plan was priced over EFA (``Cluster.uses_efa``); by default, a group of
+            several nodes of an EFA type.
     """
     import sky
 
@@ -101,7 +110,30 @@ def group_resources(group: ClusterGroup, *, use_spot: bool, pin_zone: bool = Tru
     infra = f"{CLOUD}/{offer.region}"
     if pin_zone and offer.zone:
         infra += f"/{offer.zone}"
-    return sky.Resources(infra=infra, instance_type=offer.instance_type, use_spot=use_spot)
+    if efa is None:
+        efa = group.nodes > 1 and offer.node_links.uses_efa
+    return sky.Resources(
+        infra=infra,
+        instance_type=offer.instance_type,
+        use_spot=use_spot,
+        network_tier="best" if efa else None,
+    )
+
+
+def launched_efa_mode() -> str:
+    """How SkyPilot will attach EFA under this user's SkyPilot config (``EFA_MODES``).
+
+    With ``network_tier: best`` SkyPilot attaches every EFA interface of the type only
+    when ``aws.use_internal_ips`` is set, and one interface otherwise
+    (``sky/clouds/aws.py``, ``make_deploy_resources_variables``); the plan must price
+    what will be launched. Region-level overrides of that key are not read.
+    """
+    from sky import skypilot_config
+
+    internal = skypilot_config.get_effective_region_config(
+        cloud=CLOUD, keys=("use_internal_ips",), default_value=False
+    )
+    return "all" if internal else "one"
 
 
 def plan_to_resources(plans: Sequence[Plan], *, pin_zone: bool = True) -> list[sky.Resources]:
@@ -119,7 +151,12 @@ def plan_to_resources(plans: Sequence[Plan], *, pin_zone: bool = True) -> list[s
                 "a SkyPilot candidate is one instance type - use build_tasks for it"
             )
         resources.append(
-            group_resources(plan.cluster.groups[0], use_spot=plan.use_spot, pin_zone=pin_zone)
+            group_resources(
+                plan.cluster.groups[0],
+                use_spot=plan.use_spot,
+                pin_zone=pin_zone,
+                efa=plan.cluster.uses_efa,
+            )
         )
     return resources
 

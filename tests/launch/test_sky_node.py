@@ -52,7 +52,10 @@ VENV_BIN = Path(sys.executable).parent
 TORCHRUN = VENV_BIN / "torchrun"
 JOB_TIMEOUT_S = 240.0
 
-pytestmark = pytest.mark.skipif(not TORCHRUN.exists(), reason=f"no torchrun at {TORCHRUN}")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not TORCHRUN.exists(), reason=f"no torchrun at {TORCHRUN}"),
+]
 
 
 @pytest.fixture(autouse=True)

@@ -6,10 +6,14 @@ sky.Task/sky.Resources, boto3 against moto's standalone server).
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import math
+import os
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -17,9 +21,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from lightning_srifty.core.launch_protocol import PROGRESS_LINE_PREFIX, ProgressEvent
+from lightning_srifty.core.launch_protocol import (
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_MARKER,
+    PROGRESS_LINE_PREFIX,
+    ProgressEvent,
+)
 
 # ---------------------------------------------------------------------------------------
 # SkyPilot API server (owned by launch/sky_client.py, sky_backend.py and sky_jobs.py)
@@ -82,11 +92,67 @@ from lightning_srifty.core.launch_protocol import PROGRESS_LINE_PREFIX, Progress
 #   recovery_count + 1; a FAILED job on an UP cluster is a user failure unless its exit
 #   code is in recover_on_exit_codes (then recovered) or max_restarts_on_errors allows a
 #   restart; FAILED_SETUP; no resources on the first launch -> FAILED_NO_RESOURCE; the
-#   controller cleans the job's cluster up at the end and on cancel.
+#   controller cleans the job's cluster up at the end and on cancel. The exit code of a
+#   job that saved its emergency checkpoint is what the task's own run script gives
+#   (node_exit_code runs it; sky/backends/task_codegen.py: add_epilogue stores it with
+#   job_lib.set_exit_codes), never a number assumed here.
 # ---------------------------------------------------------------------------------------
 
 SAVE_S = 5.0
 """Seconds the fake job takes to write an emergency checkpoint."""
+TORCHRUN_EXIT_ON_WORKER_FAILURE = 1
+"""What torchrun exits with when a worker exits non-zero (75 included): it raises
+ChildFailedError (torch/distributed/elastic/multiprocessing/errors). Measured through
+SkyPilot's own job program in tests/launch/test_sky_node.py."""
+
+
+@functools.lru_cache(maxsize=64)
+def node_exit_code(run: str | None, *, saved_emergency_checkpoint: bool) -> int:
+    """The exit code SkyPilot records for one node of a job whose workers failed.
+
+    Runs the task's own ``run`` script with ``bash -i``, as ``log_lib``'s
+    ``run_bash_command_with_log`` does on a node, with a stand-in ``torchrun`` that does
+    what the real one does when its workers exit 75 after an emergency checkpoint (they
+    leave the ``preempted`` marker in ``SRIFTY_STATE_DIR``; torchrun exits 1). SkyPilot
+    stores the script's status as the job's exit code (``sky/backends/task_codegen.py``:
+    ``add_epilogue`` -> ``job_lib.set_exit_codes``); test_sky_node.py checks the same
+    through SkyPilot's generated job program with real torchrun and Lightning.
+    """
+    with tempfile.TemporaryDirectory(prefix="srifty-node-") as scratch:
+        root = Path(scratch)
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        torchrun = bin_dir / "torchrun"
+        marker = f'touch "$SRIFTY_STATE_DIR/{PREEMPTED_MARKER}"\n'
+        torchrun.write_text(
+            "#!/bin/sh\n"
+            + (marker if saved_emergency_checkpoint else "")
+            + f"exit {TORCHRUN_EXIT_ON_WORKER_FAILURE}\n"
+        )
+        torchrun.chmod(0o755)
+        env = {
+            "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(root),
+            "SKYPILOT_NODE_IPS": "10.0.0.1",
+            "SKYPILOT_NODE_RANK": "0",
+            "SKYPILOT_NUM_NODES": "1",
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+            "SKYPILOT_TASK_ID": "sky-managed-fake_cluster_1-0",
+            "SRIFTY_MASTER_ADDR": "10.0.0.1",
+        }
+        script = root / "run.sh"
+        script.write_text(run or "true")
+        proc = subprocess.run(  # noqa: S603 - fixed argv
+            ["bash", "-i", str(script)],
+            env=env,
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+        return int(proc.returncode)
+
+
 LOG_EVERY_S = 30.0
 """Virtual seconds between the fake job's progress lines."""
 REAL_WAIT_S = 0.05
@@ -342,10 +408,19 @@ class FakeCluster:
         if s.crash_after_s is not None:
             ends.append((self.run_at + s.crash_after_s, "FAILED", 1))
         if self.notice_at is not None and s.notice:
-            ends.append((self.notice_at + SAVE_S, "FAILED", 75))
+            code = node_exit_code(self.task.run, saved_emergency_checkpoint=True)
+            ends.append((self.notice_at + SAVE_S, "FAILED", code))
         if self.cancelled_at is not None:
-            ends.append((self.cancelled_at + SAVE_S, "CANCELLED", 75))
+            ends.append((self.cancelled_at + SAVE_S, "CANCELLED", PREEMPTED_EXIT_CODE))
         return min(ends, key=lambda e: e[0])
+
+    def _ends_with_save(self) -> bool:
+        """The job ends by saving an emergency checkpoint (a notice or a cancel)."""
+        end = self._job_end()[0]
+        saves = [self.cancelled_at]
+        if self.notice_at is not None and self.script.notice:
+            saves.append(self.notice_at)
+        return any(t is not None and end == t + SAVE_S for t in saves)
 
     def death_at(self) -> float:
         """When the job's processes stop, whatever the reason."""
@@ -441,7 +516,7 @@ class FakeCluster:
         out.append((self.run_at, start))
         step_s = 1.0 / self.script.steps_per_s
         moment = self.run_at + LOG_EVERY_S
-        end, status, code = self._job_end()
+        end, status, _ = self._job_end()
         while moment <= min(limit, end):
             out.append(
                 (moment, ProgressEvent("step", wall0 + moment, self.step_at(moment), step_s))
@@ -455,7 +530,7 @@ class FakeCluster:
             final = self.step_at(end)
             if status == "SUCCEEDED":
                 out.append((end, ProgressEvent("done", wall0 + end, final, step_s)))
-            elif code == 75:
+            elif self._ends_with_save():
                 out.append((end, ProgressEvent("preempted", wall0 + end, final,
                                                 checkpoint=f"ckpt-{final}")))  # fmt: skip
         return sorted(out, key=lambda item: item[0])
@@ -463,13 +538,13 @@ class FakeCluster:
     def _saves(self) -> list[tuple[float, int]]:
         """(time, step) of every checkpoint the job completes (before it dies)."""
         death = self.death_at()
-        end, status, code = self._job_end()
+        end, status, _ = self._job_end()
         saves = []
         moment = self.run_at + self.script.checkpoint_every_s
         while moment < min(end, death):
             saves.append((moment, self.step_at(moment)))
             moment += self.script.checkpoint_every_s
-        if end <= death and (status == "SUCCEEDED" or code == 75):
+        if end <= death and (status == "SUCCEEDED" or self._ends_with_save()):
             saves.append((end, self.step_at(end)))
         return saves
 

@@ -42,9 +42,9 @@ import lightning.pytorch as pl
 from lightning_srifty.capture.imds import (
     DMI_DIR,
     HYPERVISOR_UUID,
-    IMDS_ENDPOINT,
     ImdsClient,
     imds_allowed,
+    imds_endpoint,
 )
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import MetadataUnavailableError
@@ -95,7 +95,8 @@ class PreemptionWatcher:
 
     Args:
         env: Environment (``SRIFTY_IMDS``: ``auto``, ``on`` or ``off``).
-        endpoint: The metadata service (tests point it at a local server).
+        endpoint: The metadata service; by default ``AWS_EC2_METADATA_SERVICE_ENDPOINT``
+            from ``env`` (as the AWS SDKs read it), else 169.254.169.254.
         poll_s: Seconds between spot-notice look-ups.
         client: A prepared metadata client (tests shorten its timeouts and token TTL).
         dmi_dir: Where the DMI vendor files are (tests pass their own).
@@ -106,14 +107,14 @@ class PreemptionWatcher:
         self,
         env: Mapping[str, str] | None = None,
         *,
-        endpoint: str = IMDS_ENDPOINT,
+        endpoint: str | None = None,
         poll_s: float = SPOT_POLL_S,
         client: ImdsClient | None = None,
         dmi_dir: Path = DMI_DIR,
         hypervisor_uuid: Path = HYPERVISOR_UUID,
     ):
         self.env = os.environ if env is None else env
-        self.endpoint = endpoint
+        self.endpoint = endpoint or imds_endpoint(self.env)
         self.poll_s = poll_s
         self.client = client
         self.dmi_dir = dmi_dir

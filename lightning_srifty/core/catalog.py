@@ -14,7 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_srifty.core.errors import CatalogError
-from lightning_srifty.core.links import NodeLinks, default_links, intra_rate, skypilot_vm_links
+from lightning_srifty.core.links import (
+    DEFAULT_EFA_MODE,
+    NodeLinks,
+    default_links,
+    intra_rate,
+    skypilot_vm_links,
+)
 
 INTRA_NODE_LINKS = ("NVLink", "PCIe", "none")
 
@@ -124,9 +130,12 @@ class NetworkSpec:
     pcie_gen: int = 0
     """PCIe generation of the accelerators' host link (0 = not published)."""
 
-    def node_links(self, accelerators: int, gpu: GpuSpec | None = None) -> NodeLinks:
+    def node_links(
+        self, accelerators: int, gpu: GpuSpec | None = None, efa: str = DEFAULT_EFA_MODE
+    ) -> NodeLinks:
         """The links a SkyPilot VM of this type gives NCCL (see
-        :func:`~lightning_srifty.core.links.skypilot_vm_links`)."""
+        :func:`~lightning_srifty.core.links.skypilot_vm_links`; ``efa`` one of
+        :data:`~lightning_srifty.core.links.EFA_MODES`)."""
         kind = self.gpu_interconnect or (
             self.intra_node_link if self.intra_node_link in ("NVLink", "PCIe") else "none"
         )
@@ -141,6 +150,8 @@ class NetworkSpec:
             self.peak_gbps or self.gbps,
             efa_interfaces=self.efa_interfaces,
             network_cards=self.network_cards,
+            accelerators=accelerators,
+            efa=efa,
         )
 
 

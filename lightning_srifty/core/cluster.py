@@ -36,6 +36,13 @@ class Cluster:
         return sum(g.nodes for g in self.groups)
 
     @property
+    def uses_efa(self) -> bool:
+        """NCCL crosses nodes over EFA, so the SkyPilot task must ask for it
+        (``network_tier: best``): several nodes, every one of an EFA type. A cluster
+        that mixes EFA and TCP nodes is priced over sockets (NCCL runs one network)."""
+        return self.nodes > 1 and all(g.offer.node_links.uses_efa for g in self.groups)
+
+    @property
     def is_heterogeneous(self) -> bool:
         return len({g.offer.instance_type for g in self.groups}) > 1
 

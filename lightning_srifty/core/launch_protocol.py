@@ -56,6 +56,9 @@ PREEMPTED_MARKER = "preempted"
 """Written after an emergency checkpoint on a preemption notice."""
 FAILURE_MARKER = "failure"
 """Written by the callback with a one-line reason before it stops a misconfigured run."""
+SHORT_PROFILE_MARKER = "profile-too-short"
+"""Written by the profiling run when training ended before the window was measured,
+with a one-line reason naming the limit that stopped it."""
 NO_CALLBACK_MARKER = "no-callback"
 """Written by the profiling run when ``Trainer.fit`` starts without the callback."""
 NO_CALLBACK_EXIT_CODE = 3

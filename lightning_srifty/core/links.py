@@ -75,9 +75,16 @@ AWS_PLACEMENT_GROUP_FLOW_CAP_GBPS = 10.0
 IB_HCA_GBPS = 200.0
 """Rate of one InfiniBand HDR port (NVIDIA ConnectX-6); a node with more than this has
 one HCA per GPU rail (a DGX A100 has eight for compute: NVIDIA DGX A100 user guide)."""
-EFA_INTERFACES_USED = 1
-"""EFA interfaces a SkyPilot cluster gets: one unless ``aws.use_internal_ips`` is set
-(``sky/clouds/aws.py``, ``make_deploy_resources_variables``)."""
+EFA_MODES = ("all", "one", "off")
+"""How a SkyPilot cluster of an EFA-capable type is launched. ``"all"``: with
+``network_tier: best`` and ``aws.use_internal_ips: true``, SkyPilot attaches one EFA
+interface per network card, up to the type's maximum (``sky/provision/aws/instance.py``,
+``_create_instances``: device 0 plus ``efa-only`` interfaces on cards 1..n-1); ``"one"``:
+``network_tier: best`` without internal IPs, one EFA interface on card 0 (SkyPilot warns
+and uses one, ``sky/clouds/aws.py``, ``make_deploy_resources_variables``); ``"off"``:
+the standard tier, ENA and TCP only."""
+DEFAULT_EFA_MODE = "all"
+"""EFA as AWS ships the type: every interface (see :data:`EFA_MODES`)."""
 
 
 @dataclass(frozen=True)
@@ -109,12 +116,29 @@ class NodeLinks:
     the IP header it uses the 3-tuple of source, destination and protocol (EC2 User
     Guide, "Amazon EC2 instance network bandwidth"), so all tunnelled traffic from one
     host to another is a single capped flow, whatever NCCL's socket count."""
+    socket_gbps: float = 0.0
+    """Rate of the one interface TCP sockets leave through (0: ``peak_gbps``). On a type
+    with several network cards each card has its own share of the bandwidth and the
+    primary ENA interface sits on card 0, so sockets see one card's rate; on an EFA
+    node this is the rate NCCL falls back to when it must use sockets."""
 
     def __post_init__(self) -> None:
         if self.interconnect not in INTERCONNECTS:
             raise ValueError(f"interconnect {self.interconnect!r}; valid: {INTERCONNECTS}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport {self.transport!r}; valid: {TRANSPORTS}")
+
+    @property
+    def uses_efa(self) -> bool:
+        """NCCL crosses nodes over EFA (libfabric): a SkyPilot task must ask for it with
+        ``network_tier: best``."""
+        return self.transport == "efa"
+
+    @property
+    def socket_rate_gbps(self) -> float:
+        """The rate TCP sockets can reach through the node's socket interface."""
+        peak = max(self.peak_gbps, self.nic_gbps)
+        return min(self.socket_gbps, peak) if self.socket_gbps > 0 else peak
 
     @property
     def flows(self) -> int:
@@ -142,6 +166,8 @@ class NodeLinks:
             )
         if self.rails > 1:
             net += f", {self.rails} rails"
+        if self.transport == "tcp" and self.socket_gbps and self.socket_gbps < self.nic_gbps:
+            net += f", sockets through one {self.socket_gbps:g} Gbps card"
         if self.encapsulated and self.transport == "tcp":
             net += ", tunnelled (one flow per host pair)"
         if self.isolated_gpus:
@@ -171,20 +197,39 @@ def skypilot_vm_links(
     *,
     efa_interfaces: int = 0,
     network_cards: int = 1,
-    use_efa: bool = False,
+    accelerators: int = 1,
+    efa: str = DEFAULT_EFA_MODE,
 ) -> NodeLinks:
     """Links of an AWS instance as SkyPilot launches it.
 
-    NCCL runs on the VM's own network, sees ENA and opens :data:`NCCL_AWS_SOCKETS`
-    sockets per connection; there is no placement group, so each flow is capped at
-    :data:`AWS_FLOW_CAP_GBPS`. With ``use_efa`` (SkyPilot's ``network_tier: best`` on
-    an EFA type) NCCL uses one EFA interface: the rate of one network card.
+    A type with several network cards shares its bandwidth among them (AWS EC2 User
+    Guide, "Network cards": each card has its own bandwidth; the table's figure is the
+    sum over cards, taken here as equal shares). SkyPilot's primary interface sits on
+    card 0, so NCCL's sockets see one card's rate. Over TCP, NCCL sees ENA and opens
+    :data:`NCCL_AWS_SOCKETS` sockets per connection, each flow capped at
+    :data:`AWS_FLOW_CAP_GBPS` (no placement group).
+
+    An EFA-capable type (``efa_interfaces > 0``) launched with ``network_tier: best``
+    runs NCCL over libfabric on its EFA interfaces (``efa``: how many, see
+    :data:`EFA_MODES`): the node's rate is interfaces x one card's rate. The interfaces
+    form rails: a GPU drives the interfaces of its own PCIe switch, so a node that uses
+    ``k`` of its ``g`` GPUs reaches ``k/g`` of it (``rails = min(interfaces, g)``).
     """
+    if efa not in EFA_MODES:
+        raise ValueError(f"efa {efa!r}; valid: {EFA_MODES}")
+    cards = max(int(network_cards), 1)
+    per_card = float(nic_gbps) / cards
     peak = max(float(peak_gbps or nic_gbps), float(nic_gbps))
-    if use_efa and efa_interfaces > 0:
-        per_card = float(nic_gbps) / max(int(network_cards), 1)
-        rate = per_card * EFA_INTERFACES_USED
-        return NodeLinks(interconnect, intra_gbytes_s, "efa", rate, rate, EFA_INTERFACES_USED)
+    socket = peak / cards
+    if efa != "off" and efa_interfaces > 0:
+        used = int(efa_interfaces) if efa == "all" else 1
+        used = min(used, cards)
+        rate = per_card * used
+        rails = max(min(used, max(int(accelerators), 1)), 1)
+        return NodeLinks(
+            interconnect, intra_gbytes_s, "efa", rate, rate, rails, AWS_FLOW_CAP_GBPS,
+            NCCL_AWS_SOCKETS, socket_gbps=socket,
+        )  # fmt: skip
     return NodeLinks(
         interconnect,
         intra_gbytes_s,
@@ -194,6 +239,7 @@ def skypilot_vm_links(
         1,
         AWS_FLOW_CAP_GBPS,
         NCCL_AWS_SOCKETS,
+        socket_gbps=socket if cards > 1 else 0.0,
     )
 
 
@@ -276,6 +322,8 @@ class LinkColumns:
     peak_bytes_s: np.ndarray
     rails: np.ndarray
     flow_cap_bytes_s: np.ndarray
+    socket_bytes_s: np.ndarray
+    """Rate TCP sockets reach through the node's socket interface (one card)."""
     flows: np.ndarray
     capped_flows: np.ndarray
     isolated: np.ndarray
@@ -300,6 +348,7 @@ class LinkColumns:
             peak_bytes_s=col([max(x.peak_gbps, x.nic_gbps) * 1e9 / 8 for x in links]),
             rails=col([max(x.rails, 1) for x in links]),
             flow_cap_bytes_s=col([x.flow_cap_gbps * 1e9 / 8 for x in links]),
+            socket_bytes_s=col([x.socket_rate_gbps * 1e9 / 8 for x in links]),
             flows=col([x.flows for x in links]),
             capped_flows=col([x.capped_flows for x in links]),
             isolated=col([x.isolated_gpus for x in links], bool),
@@ -312,6 +361,7 @@ def inter_node_bytes_s(
     gpus_used: np.ndarray,
     efficiency: Sequence[float],
     tcp_flow_gbps: float,
+    sockets_only: np.ndarray | None = None,
 ) -> np.ndarray:
     """Effective per-node network rate (bytes/s) for each group.
 
@@ -320,14 +370,19 @@ def inter_node_bytes_s(
         gpus_used: GPUs each node of the group runs (same shape as the columns).
         efficiency: one factor per :data:`TRANSPORTS` entry, in that order.
         tcp_flow_gbps: what one TCP socket driven by one NCCL thread carries at most.
+        sockets_only: where ``True``, an RDMA node talks over NCCL's sockets instead
+            (a cluster mixing EFA and TCP nodes: NCCL needs one network for every rank).
     """
-    eff = np.asarray(efficiency, dtype=np.float64)[cols.transport]
+    transport = np.asarray(cols.transport)
+    if sockets_only is not None:
+        transport = np.where(np.asarray(sockets_only, dtype=bool), 0, transport)
+    eff = np.asarray(efficiency, dtype=np.float64)[transport]
     sockets = cols.flows * tcp_flow_gbps * 1e9 / 8
     capped = cols.capped_flows * cols.flow_cap_bytes_s
-    tcp = np.minimum(cols.peak_bytes_s, np.minimum(capped, sockets))
+    tcp = np.minimum(cols.socket_bytes_s, np.minimum(capped, sockets))
     share = np.minimum(np.maximum(np.asarray(gpus_used, dtype=np.float64), 1.0), cols.rails)
     rdma = cols.nic_bytes_s * share / cols.rails
-    return np.where(cols.transport == 0, tcp, rdma) * eff
+    return np.where(transport == 0, tcp, rdma) * eff
 
 
 def intra_node_bytes_s(

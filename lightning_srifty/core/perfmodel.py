@@ -62,7 +62,7 @@ from lightning_srifty.core.comm import (
     simulate_overlap,
 )
 from lightning_srifty.core.errors import PredictionError
-from lightning_srifty.core.links import inter_node_bytes_s, intra_node_bytes_s
+from lightning_srifty.core.links import TRANSPORTS, inter_node_bytes_s, intra_node_bytes_s
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.trees import cell_codes
 
@@ -71,6 +71,10 @@ MEMORY_HEADROOM = 0.92
 """Share of device memory usable by tensors (CUDA context and allocator slack)."""
 ROOFLINE_EFFICIENCY = 0.4
 """Achieved share of peak when a CPU profile's FLOPs/bytes predict a GPU from scratch."""
+KERNEL_LAUNCH_S = 5e-6
+"""Least time a GPU step spends per kernel it launches: PyTorch's eager launches cost
+5-20 us each on the CPU side (HolisticTraceAnalysis docs, "CUDA kernel launch stats"),
+so a step of many tiny layers cannot run faster than its launches however fast the GPU."""
 BACKWARD_SHARE = 2.0 / 3.0
 """Backward is about twice the forward FLOPs; used when a profile has no phase split."""
 
@@ -345,6 +349,17 @@ class PerformanceModel:
             return 0.0
         return float(max(curve.alpha_s, 0.0))
 
+    @staticmethod
+    def launch_floor_s(profile: Profile) -> float:
+        """Least device time per step from kernel launches alone (0 without layers).
+
+        Each profiled layer launches at least one kernel forward and one backward (two
+        with parameters: input and weight gradients); the optimizer's launches are not
+        counted, so this stays a floor.
+        """
+        launches = sum(1 + (2 if x.param_count > 0 else 1) for x in profile.layers)
+        return launches * KERNEL_LAUNCH_S
+
     def _phase_shares(self, profile: Profile) -> tuple[float, float]:
         """(forward share, backward share) of compute; the rest is the optimizer."""
         s = profile.steps
@@ -430,8 +445,13 @@ class PerformanceModel:
         straggle = 1.0 + cv * expected_max_z(world)
         at_b = curve.at(np.maximum(b_int, 1.0))
         host_fixed = np.minimum(fixed, at_b)
+        # Host time is kept; device work cannot beat its kernel launches.
+        device_part = np.maximum(
+            (at_b - host_fixed) * (1.0 - host) * device_ratio, self.launch_floor_s(profile)
+        )
+        device_part = np.where(present & known, device_part, (at_b - host_fixed) * (1.0 - host))
         group_compute = np.where(
-            present, colocation * (host_fixed + (at_b - host_fixed) * speed_scale), 0.0
+            present, colocation * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
         )
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle
@@ -441,15 +461,23 @@ class PerformanceModel:
             cols, phys.intra_efficiencies(), phys.inter_efficiencies(), phys.tcp_flow_gbps
         )
         intra_bw = _row_min(np.where(present & (gpn > 1), intra_each, np.inf))
-        inter_each = inter_node_bytes_s(cols, gpn, phys.inter_efficiencies(), phys.tcp_flow_gbps)
+        # NCCL runs one network for every rank: a cluster mixing EFA and TCP nodes talks
+        # over sockets throughout
+        efa = present & (cols.transport == TRANSPORTS.index("efa"))
+        mixed = _row_max(efa) & ~_row_all(~present | efa)
+        sockets_only = mixed[:, None] & efa
+        inter_each = inter_node_bytes_s(
+            cols, gpn, phys.inter_efficiencies(), phys.tcp_flow_gbps, sockets_only
+        )
         inter_bw = _row_min(np.where(present, inter_each, np.inf))
-        hop = np.asarray(phys.inter_latencies())[cols.transport]
+        transport = np.where(sockets_only, 0, cols.transport)
+        hop = np.asarray(phys.inter_latencies())[transport]
         inter_latency = _row_max(np.where(present, hop, 0.0))
         intra_hop = np.where(
             cols.isolated, hop, np.asarray(phys.intra_latencies())[cols.interconnect]
         )
         intra_latency = _row_max(np.where(present & (gpn > 1), intra_hop, 0.0))
-        tunnelled = _row_max(np.where(present, (cols.transport == 0) & cols.encapsulated, False))
+        tunnelled = _row_max(np.where(present, (transport == 0) & cols.encapsulated, False))
         two_way = np.where(
             (total_nodes == 2) & tunnelled.astype(bool), phys.tcp_two_way_slowdown, 1.0
         )

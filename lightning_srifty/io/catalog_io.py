@@ -30,7 +30,7 @@ from typing import Any
 
 from lightning_srifty.core.catalog import INTRA_NODE_LINKS, Catalog, GpuSpec, NetworkSpec, Offer
 from lightning_srifty.core.errors import CatalogError
-from lightning_srifty.core.links import INTERCONNECTS
+from lightning_srifty.core.links import DEFAULT_EFA_MODE, EFA_MODES, INTERCONNECTS
 from lightning_srifty.io.jsonfile import read_json
 
 VMS_COLUMNS = (
@@ -86,6 +86,7 @@ def load_catalog(
     gpu_specs_path: str | os.PathLike[str] | None = None,
     network_specs_path: str | os.PathLike[str] | None = None,
     spot_bands_path: str | os.PathLike[str] | None = None,
+    efa: str = DEFAULT_EFA_MODE,
 ) -> Catalog:
     """The AWS offers joined with the spec tables, as a :class:`Catalog`.
 
@@ -95,6 +96,10 @@ def load_catalog(
             ``"bundled"``, or the path of a SkyPilot-format ``vms.csv``.
         gpu_specs_path, network_specs_path, spot_bands_path: replacements for the
             bundled spec tables (the bundled ones when ``None``).
+        efa: how EFA-capable types are launched (:data:`~lightning_srifty.core.links.EFA_MODES`):
+            every EFA interface (the default: as AWS ships the type; SkyPilot attaches
+            them all with ``network_tier: best`` and ``aws.use_internal_ips``), one
+            interface, or none (TCP over ENA).
 
     Raises:
         CatalogError: the source is unknown or unusable, or a table is malformed (the
@@ -104,17 +109,22 @@ def load_catalog(
     networks = load_network_specs(network_specs_path)
     bands = load_spot_bands(spot_bands_path)
     columns, rows, label = _read_vms(source)
-    offers = parse_vms_rows(rows, columns, label, networks, gpu_specs, bands)
+    if efa not in EFA_MODES:
+        raise CatalogError(f"efa mode {efa!r} is not one of {', '.join(EFA_MODES)}")
+    offers = parse_vms_rows(rows, columns, label, networks, gpu_specs, bands, efa=efa)
     return Catalog(offers, label, trainable)
 
 
-def planning_offers(source: str, profiled_on: str) -> tuple[Offer, ...]:
+def planning_offers(
+    source: str, profiled_on: str, *, efa: str = DEFAULT_EFA_MODE
+) -> tuple[Offer, ...]:
     """Offers a job profiled on ``profiled_on`` can train on.
 
     Trainable CUDA GPUs from the catalog, plus the accelerator the profile was taken on
-    even if it is not one (a profile from Trainium plans on Trainium).
+    even if it is not one (a profile from Trainium plans on Trainium). ``efa`` as in
+    :func:`load_catalog`: how the launcher will really attach EFA.
     """
-    catalog = load_catalog(source)
+    catalog = load_catalog(source, efa=efa)
     return catalog.gpu_offers() + tuple(
         o for o in catalog.offers if o.accelerator == profiled_on and not catalog.is_trainable(o)
     )
@@ -244,6 +254,8 @@ def parse_vms_rows(
     networks: Mapping[str, NetworkSpec],
     gpu_specs: Mapping[str, GpuSpec],
     bands: SpotBands,
+    *,
+    efa: str = DEFAULT_EFA_MODE,
 ) -> list[Offer]:
     """Offers from SkyPilot ``vms.csv`` rows given as ``(line number, cells)``.
 
@@ -290,7 +302,7 @@ def parse_vms_rows(
                 network_gbps=network.gbps if network is not None else math.nan,
                 interruption_band=bands.band(region, instance_type),
                 links=(
-                    network.node_links(int(count), gpu_specs.get(accelerator))
+                    network.node_links(int(count), gpu_specs.get(accelerator), efa)
                     if network is not None
                     else None
                 ),

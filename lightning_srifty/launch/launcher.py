@@ -189,10 +189,16 @@ def load_planning_inputs(
     options: LaunchOptions, profiled_on: str
 ) -> tuple[tuple[Offer, ...], PerformanceModel]:
     """Catalog offers and the performance model (files are read here, once)."""
+    from lightning_srifty.core.links import DEFAULT_EFA_MODE
     from lightning_srifty.io.calibration_io import calibration_or_default
     from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
 
-    offers = planning_offers(options.catalog, profiled_on)
+    efa = DEFAULT_EFA_MODE
+    if options.backend in SKY_BACKENDS:
+        from lightning_srifty.launch.sky_tasks import launched_efa_mode
+
+        efa = launched_efa_mode()  # price EFA as SkyPilot will attach it
+    offers = planning_offers(options.catalog, profiled_on, efa=efa)
     calibration = calibration_or_default(options.calibration)
     return offers, PerformanceModel(load_gpu_specs(), calibration)
 
@@ -223,7 +229,7 @@ def run_launch(
 ) -> LaunchOutcome:
     """Runs the whole journey; raises :class:`SriftyError` subclasses on user problems.
 
-    Whatever ends it early takes down what the run started (the clusters and managed
+    Whatever ends it early takes down what this launch started (the clusters and managed
     jobs in its ledger): Ctrl-C, SIGTERM and SIGHUP (:mod:`~lightning_srifty.launch.
     signals`) unless ``--keep-clusters``, and any exception. Only an API server that
     stayed away leaves them, with their autostop, as they are.
@@ -294,6 +300,8 @@ def _run_launch(
         check = getattr(backend, "check_credentials", None)
         if check is not None:
             check()  # before profiling: do not make the user wait to be refused
+        if options.resume:
+            _refuse_a_second_writer(backend, run_dir)
     job_env = {proto.ENV_KEEP_CHECKPOINTS: str(options.keep_checkpoints)}
     endpoint = os.environ.get(proto.ENV_S3_ENDPOINT_URL)
     if endpoint:
@@ -592,6 +600,25 @@ LEDGER_FILE = "steps.json"
 """The run's :class:`~lightning_srifty.core.steps.StepLedger`, kept for ``--resume``."""
 
 
+def _refuse_a_second_writer(backend: object, run_dir: Path) -> None:
+    """Stops ``--resume`` while the run's own cluster or managed job still lives.
+
+    Two jobs on one checkpoint prefix race each other's saves; the first may still be
+    training (a laptop that closed does not stop a managed job).
+
+    Raises:
+        ConfigError: SkyPilot still reports one of the run's clusters or jobs.
+    """
+    live_recorded = getattr(backend, "live_recorded", None)
+    live = live_recorded() if live_recorded is not None else []
+    if live:
+        raise ConfigError(
+            f"--resume {run_dir}: the run's {', '.join(live)} still lives and may be "
+            "training; follow it with `sky jobs logs` / `sky logs`, or take it down with "
+            f"`srifty down {run_dir}` and resume then"
+        )
+
+
 def _step_ledger(run_dir: Path, result: PlanResult, resume: bool) -> StepLedger:
     """A new ledger for the planned target, or the resumed run's with its history."""
     from lightning_srifty.io.jsonfile import read_json
@@ -644,9 +671,9 @@ def ddp_strategy(profile: Profile) -> str:
 def _after_interrupt(
     backend: Backend, options: LaunchOptions, ui: LauncherUI, why: KeyboardInterrupt
 ) -> None:
-    """Ctrl-C, SIGTERM or SIGHUP: what the run still has up goes down, unless
-    ``--keep-clusters``."""
-    down = getattr(backend, "down_recorded", None)
+    """Ctrl-C, SIGTERM or SIGHUP: what this launch started and still has up goes down,
+    unless ``--keep-clusters``."""
+    down = getattr(backend, "down_started", None)
     if down is None:
         return
     what = str(why) or "interrupted"
@@ -667,11 +694,11 @@ def _after_interrupt(
 
 
 def _after_failure(backend: Backend, ui: LauncherUI) -> None:
-    """Any exception: whatever the run started and still has up goes down (the error
+    """Any exception: whatever this launch started and still has up goes down (the error
     itself is reported by the caller). Not when the API server itself failed (stayed
     away, or kept dropping requests): a failed API call is no reason to stop a healthy
     job, and the clusters' autostop takes them down when it ends."""
-    down = getattr(backend, "down_recorded", None)
+    down = getattr(backend, "down_started", None)
     if down is None or getattr(backend, "api_gone", False):
         return
     try:

@@ -332,6 +332,8 @@ class SkyClient:
         self._why: dict[str, str] = {}
         self._requests: dict[str, Any] = {}
         """Cluster name -> its latest launch request (cancelled before a teardown)."""
+        self.started: set[str] = set()
+        """Names of the clusters and managed jobs this process launched."""
 
     @property
     def sdk(self) -> SkySdk:
@@ -403,13 +405,52 @@ class SkyClient:
                 "credentials on the API server and run `sky check aws`"
             )
 
-    def down_recorded(self) -> list[str]:
-        """Takes down every cluster the ledger lists as not down (``srifty down``)."""
+    def down_recorded(self, *, ours: bool = False) -> list[str]:
+        """Takes down every cluster the ledger lists as not down (``srifty down``).
+
+        ``ours``: only what this process launched (:meth:`down_started`)."""
         if self.ledger is None:
             return []
-        names = [e.name for e in self.ledger.not_down() if e.kind == "cluster"]
+        names = [
+            e.name
+            for e in self.ledger.not_down()
+            if e.kind == "cluster" and (not ours or e.name in self.started)
+        ]
         self._down_names(names)
         return names
+
+    def down_started(self) -> list[str]:
+        """Takes down what this launcher started and is not down yet: what an
+        interrupted or failed ``srifty-launch`` owes. A resumed run's earlier clusters
+        are not its to stop (``--resume`` refuses to run beside a live one)."""
+        return self.down_recorded(ours=True)
+
+    def live_recorded(self) -> list[str]:
+        """What the ledger lists as not down and SkyPilot still reports, as
+        ``name (STATUS)`` (``--resume`` refuses to start a second writer beside it).
+
+        The status is refreshed from the cloud (``StatusRefreshMode.FORCE``): a cluster
+        whose VMs are gone must not block a resume.
+        """
+        if self.ledger is None:
+            return []
+        from sky.utils import common as sky_common
+
+        names = [e.name for e in self.ledger.not_down() if e.kind == "cluster"]
+        if not names:
+            return []
+        records = self._call(
+            lambda: self.sdk.get(
+                self.sdk.status(names, refresh=sky_common.StatusRefreshMode.FORCE)
+            ),
+            f"status of {', '.join(names)}",
+        )
+        live = []
+        for record in records or []:
+            status = str(getattr(record["status"], "value", record["status"]))
+            if record["name"] in names and status in ("INIT", "UP"):
+                live.append(f"{record['name']} ({status})")
+        return live
 
     def _down_names(self, names: Sequence[str]) -> None:
         """Tears down each cluster (retried) until SkyPilot's status confirms it gone;

@@ -147,9 +147,9 @@ def managed_task(
     }
     pin_zone = bool(task_options.get("pin_zone", False))
     resources = [
-        group_resources(p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone).copy(
-            job_recovery=dict(job_recovery)
-        )
+        group_resources(
+            p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone, efa=p.cluster.uses_efa
+        ).copy(job_recovery=dict(job_recovery))
         for p in plans
     ]
     task.set_resources(resources)  # a list: SkyPilot tries them in this order
@@ -223,6 +223,7 @@ class SkyJobsBackend(SkyClient):
             recovery=self.recovery,
             **options,
         )
+        self.started.add(name)
         if self.ledger is not None:
             self.ledger.mark(name, "launching", kind="managed-job")
         job_ids = self._submit(task, name)
@@ -372,12 +373,47 @@ class SkyJobsBackend(SkyClient):
             return
         self._cancel_confirmed(job.name, job.job_id)
 
-    def down_recorded(self) -> list[str]:
-        names = super().down_recorded()
+    def live_recorded(self) -> list[str]:
+        """As :meth:`SkyClient.live_recorded`, plus the run's managed jobs not yet ended."""
+        live = super().live_recorded()
+        if self.ledger is None:
+            return live
+        jobs = [e for e in self.ledger.not_down() if e.kind == "managed-job"]
+        if not jobs:
+            return live
+        from sky import exceptions
+
+        try:
+            result = self._call(
+                lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False)),
+                "managed job queue",
+            )
+        except exceptions.ClusterNotUpError as exc:
+            if _value(getattr(exc, "cluster_status", None)) in (None, "STOPPED"):
+                return live  # SkyPilot stops its jobs controller only once none runs
+            raise LaunchError(
+                f"managed job queue: SkyPilot's jobs controller is not reachable yet ({exc})"
+            ) from None
+        records = result[0] if isinstance(result, tuple) else result
+        for entry in jobs:
+            for record in records or []:
+                same = (
+                    int(record["job_id"]) == entry.job_id
+                    if entry.job_id is not None
+                    else record.get("job_name") == entry.name
+                )
+                raw = record["status"]
+                status = str(getattr(raw, "value", raw))
+                if same and not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
+                    live.append(f"managed job {entry.job_id or entry.name} ({status})")
+        return live
+
+    def down_recorded(self, *, ours: bool = False) -> list[str]:
+        names = super().down_recorded(ours=ours)
         if self.ledger is None:
             return names
         for entry in self.ledger.not_down():
-            if entry.kind != "managed-job":
+            if entry.kind != "managed-job" or (ours and entry.name not in self.started):
                 continue
             self._cancel_confirmed(entry.name, entry.job_id)
             names.append(entry.name)

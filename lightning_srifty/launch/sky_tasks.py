@@ -32,7 +32,12 @@ from lightning_srifty.core.errors import (
     ConfigError,
     PredictionError,
 )
-from lightning_srifty.core.launch_protocol import ENV_CHECKPOINT_URI
+from lightning_srifty.core.launch_protocol import (
+    ENV_CHECKPOINT_URI,
+    ENV_STATE_DIR,
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_MARKER,
+)
 from lightning_srifty.launch.sky_runtime import (
     OfflineRuntime,
     OptimizerChoice,
@@ -75,11 +80,20 @@ DRY_RUN_SCHEMA_VERSION = 1
 # ---------------------------------------------------------------------------------------
 
 
-def group_resources(group: ClusterGroup, *, use_spot: bool, pin_zone: bool = True) -> sky.Resources:
+def group_resources(
+    group: ClusterGroup, *, use_spot: bool, pin_zone: bool = True, efa: bool | None = None
+) -> sky.Resources:
     """``sky.Resources`` pinning one group's instance type, market, region (and zone).
 
     Accelerators are implied by the instance type, so they are not repeated: SkyPilot
-    fills them in from its catalog, which is how its prices line up with ours.
+    fills them in from its catalog, which is how its prices line up with ours. A plan
+    priced over EFA asks for it with ``network_tier="best"``: SkyPilot then attaches
+    every EFA interface the type has (``sky/clouds/aws.py``,
+    ``make_deploy_resources_variables``); without it the nodes talk TCP.
+
+    Args:
+        efa: The plan was priced over EFA (``Cluster.uses_efa``); by default, a group of
+            several nodes of an EFA type.
     """
     import sky
 
@@ -93,7 +107,30 @@ def group_resources(group: ClusterGroup, *, use_spot: bool, pin_zone: bool = Tru
     infra = f"{CLOUD}/{offer.region}"
     if pin_zone and offer.zone:
         infra += f"/{offer.zone}"
-    return sky.Resources(infra=infra, instance_type=offer.instance_type, use_spot=use_spot)
+    if efa is None:
+        efa = group.nodes > 1 and offer.node_links.uses_efa
+    return sky.Resources(
+        infra=infra,
+        instance_type=offer.instance_type,
+        use_spot=use_spot,
+        network_tier="best" if efa else None,
+    )
+
+
+def launched_efa_mode() -> str:
+    """How SkyPilot will attach EFA under this user's SkyPilot config (``EFA_MODES``).
+
+    With ``network_tier: best`` SkyPilot attaches every EFA interface of the type only
+    when ``aws.use_internal_ips`` is set, and one interface otherwise
+    (``sky/clouds/aws.py``, ``make_deploy_resources_variables``); the plan must price
+    what will be launched. Region-level overrides of that key are not read.
+    """
+    from sky import skypilot_config
+
+    internal = skypilot_config.get_effective_region_config(
+        cloud=CLOUD, keys=("use_internal_ips",), default_value=False
+    )
+    return "all" if internal else "one"
 
 
 def plan_to_resources(plans: Sequence[Plan], *, pin_zone: bool = True) -> list[sky.Resources]:
@@ -111,7 +148,12 @@ def plan_to_resources(plans: Sequence[Plan], *, pin_zone: bool = True) -> list[s
                 "a SkyPilot candidate is one instance type - use build_tasks for it"
             )
         resources.append(
-            group_resources(plan.cluster.groups[0], use_spot=plan.use_spot, pin_zone=pin_zone)
+            group_resources(
+                plan.cluster.groups[0],
+                use_spot=plan.use_spot,
+                pin_zone=pin_zone,
+                efa=plan.cluster.uses_efa,
+            )
         )
     return resources
 
@@ -191,11 +233,29 @@ def run_command(
     master_port: int = DEFAULT_MASTER_PORT,
     external_master: bool = False,
     launcher: str = "torchrun",
+    preflight: str | None = None,
 ) -> str:
     """The task's ``run`` shell script: one ``torchrun`` agent per node.
 
     Every user-supplied word is ``shlex``-quoted, so hostile or odd arguments
     (``; rm -rf /``, ``$(whoami)``, spaces, quotes) reach the script verbatim.
+
+    The script's status is what SkyPilot records as the job's exit code (its job
+    program collects each node's return code from ``log_lib.run_bash_command_with_log``
+    and stores them with ``job_lib.set_exit_codes`` in ``task_codegen``'s
+    ``add_epilogue``), and the jobs controller matches that against
+    ``recover_on_exit_codes``. ``torchrun`` itself exits 1 when a worker exits 75
+    after its emergency checkpoint, so the script does not ``exec`` it: it runs it in
+    the background, forwards SIGTERM to it (``bash -i``, which SkyPilot uses, would
+    otherwise ignore SIGTERM), waits for it, and then ends with
+    :data:`~lightning_srifty.core.launch_protocol.PREEMPTED_EXIT_CODE` when a worker
+    left the ``preempted`` marker in ``SRIFTY_STATE_DIR`` (set per task:
+    ``~/.srifty/state-$SKYPILOT_TASK_ID``), else with ``torchrun``'s own code. It
+    ends by setting ``$?`` rather than ``exit``, so the rclone flush SkyPilot appends
+    (``TaskCodeGen.build_task_bash_script``) still runs and passes the code on.
+
+    Checks do not rely on ``set -e`` or ``${VAR:?}``: under ``bash -i`` neither stops
+    the script, so each failure exits explicitly.
 
     Args:
         script: The training script, relative to the workdir.
@@ -204,28 +264,60 @@ def run_command(
         external_master: The master is another cluster's head (``SRIFTY_MASTER_ADDR``
             must be set); otherwise this cluster's first node is the master.
         launcher: The ``torchrun`` executable.
+        preflight: Shell run before ``torchrun`` (the GPU check); a non-zero status
+            ends the script with that status and nothing is trained.
     """
     if not 1 <= master_port <= 65535:
         raise ConfigError(f"master port must be in 1..65535, got {master_port}")
+    state = f"${{{ENV_STATE_DIR}}}"
+    lines = ["set -uo pipefail"]
     if external_master:
-        master = f'"${{{ENV_MASTER_ADDR}:?the rendezvous master address is set at launch}}"'
-    else:
-        master = '"$(echo "$SKYPILOT_NODE_IPS" | head -n1)"'
-    argv = " ".join(shlex.quote(word) for word in [script, *script_args])
-    return "\n".join(
-        [
-            "set -euo pipefail",
-            f"MASTER_ADDR={master}",
-            f"NODE_RANK=$(( SKYPILOT_NODE_RANK + ${{{ENV_NODE_RANK_OFFSET}:-0}} ))",
-            f"exec {shlex.quote(launcher)}"
-            f' --nnodes="${{{ENV_TOTAL_NODES}:-$SKYPILOT_NUM_NODES}}"'
-            ' --node-rank="$NODE_RANK"'
-            f' --nproc-per-node="${{{ENV_NPROC_PER_NODE}:-$SKYPILOT_NUM_GPUS_PER_NODE}}"'
-            ' --master-addr="$MASTER_ADDR"'
-            f" --master-port={master_port}"
-            f" {argv}",
+        lines += [
+            f'if [ -z "${{{ENV_MASTER_ADDR}:-}}" ]; then',
+            f'  echo "srifty: {ENV_MASTER_ADDR} is not set; the rendezvous master address'
+            ' is set at launch" >&2',
+            "  exit 2",
+            "fi",
+            f'MASTER_ADDR="${{{ENV_MASTER_ADDR}}}"',
         ]
-    )
+    else:
+        lines.append('MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"')
+    lines += [
+        f"NODE_RANK=$(( SKYPILOT_NODE_RANK + ${{{ENV_NODE_RANK_OFFSET}:-0}} ))",
+        f'export {ENV_STATE_DIR}="${{{ENV_STATE_DIR}:-$HOME/.srifty/state-'
+        '${SKYPILOT_TASK_ID:-job}}"',
+        f'mkdir -p "{state}" || exit 1',
+        f'rm -f "{state}/{PREEMPTED_MARKER}"',
+    ]
+    if preflight:
+        lines += [
+            preflight.strip(),
+            "SRIFTY_CODE=$?",
+            '[ "$SRIFTY_CODE" = 0 ] || exit "$SRIFTY_CODE"',
+        ]
+    argv = " ".join(shlex.quote(word) for word in [script, *script_args])
+    lines += [
+        f"{shlex.quote(launcher)}"
+        f' --nnodes="${{{ENV_TOTAL_NODES}:-$SKYPILOT_NUM_NODES}}"'
+        ' --node-rank="$NODE_RANK"'
+        f' --nproc-per-node="${{{ENV_NPROC_PER_NODE}:-$SKYPILOT_NUM_GPUS_PER_NODE}}"'
+        ' --master-addr="$MASTER_ADDR"'
+        f" --master-port={master_port}"
+        f" {argv} &",
+        "SRIFTY_CHILD=$!",
+        "trap 'kill -TERM \"$SRIFTY_CHILD\" 2>/dev/null' TERM",
+        # A trapped signal interrupts `wait`; wait again until torchrun has ended.
+        'wait "$SRIFTY_CHILD"; SRIFTY_CODE=$?',
+        'while kill -0 "$SRIFTY_CHILD" 2>/dev/null; do wait "$SRIFTY_CHILD"; SRIFTY_CODE=$?; done',
+        "trap - TERM",
+        f'if [ -e "{state}/{PREEMPTED_MARKER}" ]; then',
+        f'  echo "srifty: emergency checkpoint saved; exiting {PREEMPTED_EXIT_CODE} (torchrun'
+        ' exited $SRIFTY_CODE)" >&2',
+        f"  SRIFTY_CODE={PREEMPTED_EXIT_CODE}",
+        "fi",
+        '( exit "$SRIFTY_CODE" )',
+    ]
+    return "\n".join(lines)
 
 
 def build_task(

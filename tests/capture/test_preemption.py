@@ -53,6 +53,21 @@ def test_sigterm_raises_the_flag_and_close_restores_the_handler() -> None:
 FORCED = {"SRIFTY_IMDS": "on"}  # the test's local service stands in for EC2's
 
 
+def test_the_aws_sdk_endpoint_override_points_the_watcher_at_another_service() -> None:
+    with serve_fake_imds() as endpoint:
+        env = {**FORCED, "AWS_EC2_METADATA_SERVICE_ENDPOINT": endpoint + "/"}
+        watcher = PreemptionWatcher(env, poll_s=0.05)
+        assert watcher.endpoint == endpoint
+        FakeImds.spot_notice = {"action": "stop", "time": "2026-11-23T01:02:03Z"}
+        watcher.start()
+        try:
+            assert _wait_for(watcher.should_checkpoint)
+            assert "stop at" in watcher.reason
+        finally:
+            watcher.close()
+    assert PreemptionWatcher(FORCED).endpoint == "http://169.254.169.254"
+
+
 def test_spot_notice_from_imds_raises_the_flag() -> None:
     with serve_fake_imds() as endpoint:
         watcher = PreemptionWatcher(FORCED, endpoint=endpoint, poll_s=0.05)

@@ -449,3 +449,46 @@ def test_host_time_does_not_speed_up_on_a_faster_gpu() -> None:
     t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
     assert t4 == pytest.approx(0.14)  # on the profiled GPU nothing changes
     assert model.host_share(PROFILE) == 0.0  # a coarse profile has no split
+
+
+def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_sockets() -> None:
+    phys = dataclasses.replace(PHYS, efa_efficiency=0.5, tcp_efficiency=1.0, tcp_flow_gbps=1000.0)
+    model = PerformanceModel(SPECS, Calibration(phys))
+    # 4 EFA interfaces of 100 Gbps, 4 GPU rails; TCP sockets leave through one card
+    efa = NodeLinks("NVSwitch", 300.0, "efa", 400.0, 400.0, 4, 5.0, 16, socket_gbps=100.0)
+    full = model.predict(PROFILE, one_group(2, 4, linked(efa, 4)))
+    assert full.inter_bytes_s == pytest.approx(0.5 * 400e9 / 8)
+    half = model.predict(PROFILE, one_group(2, 2, linked(efa, 4)))
+    assert half.inter_bytes_s == pytest.approx(0.5 * 200e9 / 8)  # two of four rails
+    tcp = NodeLinks("PCIe", 15.75, "tcp", 400.0, 400.0, 1, 5.0, 16)
+    mixed = Cluster(
+        (ClusterGroup(linked(efa, 4), 1, 4), ClusterGroup(linked(tcp, 4, acc="V100"), 1, 4))
+    )
+    assert not mixed.uses_efa and one_group(2, 4, linked(efa, 4)).uses_efa
+    # NCCL runs one network: the EFA node talks over its sockets, through one 100 Gbps
+    # card, slower than the TCP node's 32 flows x 5 Gbps; that card paces the pair
+    pred = model.predict(PROFILE, mixed, global_batch=64)
+    assert pred.inter_bytes_s == pytest.approx(100e9 / 8)
+    alone = NodeLinks("NVSwitch", 300.0, "efa", 400.0, 400.0, 4, 5.0, 16, socket_gbps=100.0)
+    efa_mix = Cluster(
+        (ClusterGroup(linked(alone, 4), 1, 4), ClusterGroup(linked(efa, 4, acc="V100"), 1, 4))
+    )
+    assert efa_mix.uses_efa
+
+
+def test_a_step_of_many_tiny_layers_is_bound_by_its_kernel_launches() -> None:
+    """100 layers of 1e6 FLOPs each, 2 ms of device time on the T4: a faster GPU
+    cannot run them in less than 100 x (1 forward + 2 backward) launches."""
+    layers = tuple(
+        LayerTiming(f"l{i}", "b", "Linear", 5e-6, 15e-6, 10, 40, flops=1e6, activation_bytes=1)
+        for i in range(100)
+    )
+    steps = StepTimes(Spread(0.002, 0.002, 0.002, 10), 0.0005, 0.0015, 0.0, 0.0, 0, 10)
+    prof = dataclasses.replace(
+        coarse({16: 0.002}), kind="detailed", layers=layers, steps=steps, batch_points=()
+    )
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
+    assert v100 == pytest.approx(100 * 3 * 5e-6)  # the roofline alone says 1 ms
+    t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
+    assert t4 == pytest.approx(0.002)  # measured where it ran: above the floor, unchanged

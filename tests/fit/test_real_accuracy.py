@@ -94,3 +94,30 @@ def test_no_instance_type_predicts_a_network_below_its_floor() -> None:
     for r in rates:
         # the gradient over the time, however it moves: the stricter of the two rates
         assert r.algorithm_gbps >= r.floor_gbps, r
+
+
+def test_efa_types_all_reduce_at_a_share_of_their_efa_bandwidth() -> None:
+    """Two full nodes of every EFA type all-reduce 256 MiB at >= 10 % of their EFA rate.
+
+    The EFA rate is interfaces x one card's share of the published bandwidth, read from
+    the bundled table; a p5 priced over TCP (one 100 Gbps card, 32 flows) reaches about
+    2 % of its 3,200 Gbps and fails.
+    """
+    import csv
+    from importlib import resources
+
+    path = resources.files("lightning_srifty") / "data" / "network_specs.csv"
+    table = {r["instance_type"]: r for r in csv.DictReader(path.read_text().splitlines())}
+    model = PerformanceModel(load_gpu_specs(), load_default_calibration())
+    offers = [
+        o
+        for o in load_catalog("bundled").gpu_offers()
+        if int(table[o.instance_type]["efa_interfaces"]) > 0 and o.accelerator_count > 1
+    ]
+    rates = two_node_network_rates(model, offers)
+    assert {"p4d.24xlarge", "p5.48xlarge"} <= {r.instance_type for r in rates}
+    for r in rates:
+        row = table[r.instance_type]
+        efa = int(row["efa_interfaces"]) * float(row["gbps"]) / int(row["network_cards"])
+        assert r.algorithm_gbps >= 0.1 * efa, r
+        assert r.per_node_gbps >= 0.5 * efa, r

@@ -275,3 +275,65 @@ def test_lambda_benchmark_missing_column_is_named(tmp_path: Path, shared_data: P
     target.write_text(target.read_text().replace("name_gpu", "gpu", 1))
     with pytest.raises(TraceError, match="throughput-fp16.csv: missing column.*name_gpu"):
         load_lambda_benchmark(tmp_path)
+
+
+def _network_row(instance_type: str) -> dict[str, str]:
+    path = Path(str(resources.files("lightning_srifty") / "data" / "network_specs.csv"))
+    with path.open(encoding="utf-8", newline="") as handle:
+        return next(r for r in csv.DictReader(handle) if r["instance_type"] == instance_type)
+
+
+def _two_full_nodes_rate_gbps(instance_type: str) -> tuple[float, bool]:
+    from lightning_srifty.core.cluster import Cluster, ClusterGroup
+    from lightning_srifty.core.perfmodel import PerformanceModel
+    from lightning_srifty.fit.validation import two_node_network_rates
+    from lightning_srifty.io.calibration_io import load_default_calibration
+
+    offer = load_catalog("bundled").offer(instance_type)
+    model = PerformanceModel(load_gpu_specs(), load_default_calibration())
+    (rate,) = two_node_network_rates(model, [offer])
+    cluster = Cluster((ClusterGroup(offer, 2, offer.accelerator_count),))
+    return rate.per_node_gbps, cluster.uses_efa
+
+
+@pytest.mark.parametrize("instance_type", ["p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge"])
+def test_efa_types_are_priced_at_their_efa_rate(instance_type: str) -> None:
+    from lightning_srifty.fit.calibration import PRIORS
+    from lightning_srifty.io.calibration_io import load_default_calibration
+
+    row = _network_row(instance_type)
+    interfaces, cards = int(row["efa_interfaces"]), int(row["network_cards"])
+    assert interfaces > 0
+    # no shipped calibration source ran on EFA: its efficiency is the published prior
+    efficiency = PRIORS["efa_efficiency"].centre
+    assert load_default_calibration().physics.efa_efficiency == pytest.approx(efficiency)
+    expected = interfaces * float(row["gbps"]) / cards * efficiency
+    per_node, uses_efa = _two_full_nodes_rate_gbps(instance_type)
+    assert uses_efa
+    assert per_node == pytest.approx(expected)
+
+
+def test_a_type_without_efa_keeps_its_tcp_rate() -> None:
+    from lightning_srifty.io.calibration_io import load_default_calibration
+
+    row = _network_row("p3.16xlarge")
+    assert int(row["efa_interfaces"]) == 0 and int(row["network_cards"]) == 1
+    physics = load_default_calibration().physics
+    # NCCL over ENA: 2 channels x 16 sockets, each flow capped at 5 Gbps by AWS, each
+    # socket at the fitted single-stream rate, the NIC's own rate above all
+    flows = 2 * 16
+    expected = (
+        min(float(row["gbps"]), flows * 5.0, flows * physics.tcp_flow_gbps) * physics.tcp_efficiency
+    )
+    per_node, uses_efa = _two_full_nodes_rate_gbps("p3.16xlarge")
+    assert not uses_efa
+    assert per_node == pytest.approx(expected)
+
+
+def test_efa_off_prices_one_cards_sockets() -> None:
+    row = _network_row("p4d.24xlarge")
+    links = load_catalog("bundled", efa="off").offer("p4d.24xlarge").node_links
+    assert not links.uses_efa
+    assert links.socket_rate_gbps == pytest.approx(float(row["gbps"]) / int(row["network_cards"]))
+    with pytest.raises(CatalogError, match="efa mode 'sometimes'"):
+        load_catalog("bundled", efa="sometimes")

@@ -383,6 +383,12 @@ class FakeCluster:
         self.stalled = False
         """Its launch request died mid-provisioning (an API restart): INIT, no job,
         until the cluster is launched again."""
+        self.preempted_exit_code = (
+            node_exit_code(task.run, saved_emergency_checkpoint=True)
+            if script.preempt_after_s is not None
+            else PREEMPTED_EXIT_CODE
+        )
+        """What SkyPilot records when the job exits on its notice (run here, once)."""
 
     # -- the timeline ------------------------------------------------------------------
     @property
@@ -408,8 +414,7 @@ class FakeCluster:
         if s.crash_after_s is not None:
             ends.append((self.run_at + s.crash_after_s, "FAILED", 1))
         if self.notice_at is not None and s.notice:
-            code = node_exit_code(self.task.run, saved_emergency_checkpoint=True)
-            ends.append((self.notice_at + SAVE_S, "FAILED", code))
+            ends.append((self.notice_at + SAVE_S, "FAILED", self.preempted_exit_code))
         if self.cancelled_at is not None:
             ends.append((self.cancelled_at + SAVE_S, "CANCELLED", PREEMPTED_EXIT_CODE))
         return min(ends, key=lambda e: e[0])
@@ -1297,7 +1302,11 @@ _MANAGED_TERMINAL = (
 # valid for that many seconds; a GET without a valid token is 401; the spot
 # instance-action path is 404 until AWS schedules an interruption. It can also hang:
 # the first `hang_next` requests are accepted and never answered (a service or network
-# that does not respond), which is what a client must survive.
+# that does not respond), which is what a client must survive. `drop_token_replies`
+# is the hop limit seen from a Docker container: with the instance's
+# HttpPutResponseHopLimit at 1 the token reply expires one hop short of the container
+# (AWS, "Configure the instance metadata options": "In a container environment, we
+# recommend setting the hop limit to 2"), so every token PUT goes unanswered.
 # ---------------------------------------------------------------------------------------
 
 
@@ -1309,6 +1318,7 @@ class FakeImds(BaseHTTPRequestHandler):
     spot_notice: dict[str, str] | None = None
     """Set to e.g. ``{"action": "terminate", "time": "..."}`` to issue a notice."""
     hang_next = 0
+    drop_token_replies = False
     tokens: dict[str, float] = {}
     """Token -> expiry (``time.monotonic()``)."""
     release = threading.Event()
@@ -1316,6 +1326,11 @@ class FakeImds(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:  # noqa: N802
         self.requests.append(f"PUT {self.path}")
         if self._hang():
+            return
+        if self.drop_token_replies:
+            self.answered.append(0)
+            type(self).release.wait(60)
+            self.close_connection = True
             return
         raw = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
         ok = self.path == "/latest/api/token" and raw.isdigit() and 1 <= int(raw) <= 21600
@@ -1372,6 +1387,7 @@ def serve_fake_imds() -> Iterator[str]:
     FakeImds.answered = []
     FakeImds.spot_notice = None
     FakeImds.hang_next = 0
+    FakeImds.drop_token_replies = False
     FakeImds.tokens = {}
     FakeImds.release = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from lightning_srifty.core.errors import MetadataUnavailableError
+from lightning_srifty.core.errors import MetadataTokenError, MetadataUnavailableError
 from lightning_srifty.core.launch_protocol import ENV_IMDS
 from lightning_srifty.io.ec2 import DMI_DIR, HYPERVISOR_UUID, is_ec2
 
@@ -125,11 +125,18 @@ class ImdsClient:
         """A valid session token, fetched anew once 90 % of its TTL has passed."""
         if self._token is None or self._clock() >= self._refresh_at:
             issued = self._clock()
-            body = self._retrying(
-                lambda: self._open("PUT", "/latest/api/token", {TTL_HEADER: str(self.token_ttl_s)})
-            )
+            try:
+                body = self._retrying(
+                    lambda: self._open(
+                        "PUT", "/latest/api/token", {TTL_HEADER: str(self.token_ttl_s)}
+                    )
+                )
+            except _Unauthorized:
+                raise MetadataTokenError("the metadata service refused a token") from None
+            except MetadataUnavailableError as exc:
+                raise MetadataTokenError(f"no IMDSv2 token: {exc}") from None
             if body is None:
-                raise MetadataUnavailableError("the metadata service issued no token")
+                raise MetadataTokenError("the metadata service issued no token")
             self._token = body
             self._refresh_at = issued + 0.9 * self.token_ttl_s
         return self._token

@@ -122,6 +122,8 @@ class LaunchOptions:
     probe: str = "auto"
     """``--probe``: measure the plans that could be best before committing (``auto``:
     when their intervals overlap and it is worth its price; ``on``; ``off``)."""
+    job_recovery: str = "EAGER_NEXT_REGION"
+    """``--job-recovery``: the managed job's ``job_recovery`` strategy (sky-jobs)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -132,6 +134,16 @@ class LaunchOptions:
             raise ConfigError("--preempt-every/--preempt-trace work only with --backend local")
         if self.setup and self.backend not in SKY_BACKENDS:
             raise ConfigError("--setup works only with --backend sky or sky-jobs")
+        if self.job_recovery != "EAGER_NEXT_REGION" and self.backend != "sky-jobs":
+            raise ConfigError("--job-recovery works only with --backend sky-jobs")
+        if self.backend == "sky-jobs":
+            from lightning_srifty.launch.sky_jobs import JOB_RECOVERIES
+
+            if self.job_recovery not in JOB_RECOVERIES:
+                raise ConfigError(
+                    f"--job-recovery {self.job_recovery!r} is not valid: use one of "
+                    f"{', '.join(JOB_RECOVERIES)}"
+                )
         if self.policy not in POLICY_NAMES:
             raise ConfigError(
                 f"--policy {self.policy!r} is not valid: use one of {', '.join(POLICY_NAMES)}"
@@ -650,8 +662,12 @@ def _trainer_env(
         devices_per_node=max(group.gpus_per_node, 1),
         root_dir=None,
         strategy=strategy,
+        accelerator="gpu" if group.offer.accelerator_count > 0 else None,
     )
     env[proto.ENV_WORLD_SIZE] = str(p.cluster.world_size)  # mixes: groups differ per node
+    # Nodes install the torch and Lightning the profile ran with (sky_tasks.node_stack_setup).
+    env.update(proto.stack_env(profile.environment.torch_version,
+                               profile.environment.lightning_version))  # fmt: skip
     return env
 
 
@@ -1035,7 +1051,7 @@ def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:
     if options.backend == "sky-jobs":
         from lightning_srifty.launch.sky_jobs import SkyJobsBackend
 
-        return SkyJobsBackend(**settings)
+        return SkyJobsBackend(recovery=options.job_recovery, **settings)
     from lightning_srifty.launch.sky_backend import SkyBackend
 
     return SkyBackend(**settings)

@@ -43,7 +43,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MANAGED_RECOVERY = "EAGER_NEXT_REGION"
-"""SkyPilot's default strategy: after a preemption try another region at once."""
+"""SkyPilot's default strategy. In 0.14.1 it relaunches the ordered resources from #1,
+the offer just preempted included (see :mod:`lightning_srifty.launch.sky_recovery`)."""
+NEXT_OFFER = "SRIFTY_NEXT_OFFER"
+"""Our strategy (a SkyPilot plugin): the preempted offer is retried last."""
+JOB_RECOVERIES = (MANAGED_RECOVERY, "FAILOVER", NEXT_OFFER)
+"""``--job-recovery`` choices."""
 ORDERED_CANDIDATES = 5
 """How many of the planner's same-shape plans become ``ordered`` resources."""
 
@@ -111,7 +116,9 @@ def managed_task(
     """One task whose ``ordered`` resources are ``plans`` (same shape), best first.
 
     ``job_recovery`` is the same on every candidate, as SkyPilot requires
-    (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``): the named strategy, no
+    (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``): the named strategy
+    (:data:`JOB_RECOVERIES`; ``SRIFTY_NEXT_OFFER`` needs the plugin of
+    :mod:`~lightning_srifty.launch.sky_recovery` on the API server), no
     restarts on user errors, and ``recover_on_exit_codes: [75]`` so a job that saved an
     emergency checkpoint on its notice and exited while the cluster was still UP is
     recovered, not failed (``sky/jobs/controller.py``: a FAILED job on an UP cluster
@@ -124,6 +131,14 @@ def managed_task(
 
     if not plans:
         raise ConfigError("no plan to launch")
+    if recovery not in JOB_RECOVERIES:
+        raise ConfigError(
+            f"--job-recovery {recovery!r} is not valid: use one of {', '.join(JOB_RECOVERIES)}"
+        )
+    if recovery == NEXT_OFFER:
+        # Registers the strategy here too, so SkyPilot code in this process accepts it;
+        # the API server and the jobs controller load it as a plugin.
+        import lightning_srifty.launch.sky_recovery  # noqa: F401
     shapes = {
         (len(p.cluster.groups), p.cluster.groups[0].nodes, p.cluster.groups[0].gpus_per_node)
         for p in plans

@@ -34,7 +34,10 @@ from lightning_srifty.core.errors import (
 )
 from lightning_srifty.core.launch_protocol import (
     ENV_CHECKPOINT_URI,
+    ENV_GPU_CHECK,
+    ENV_LIGHTNING_VERSION,
     ENV_STATE_DIR,
+    ENV_TORCH_VERSION,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
 )
@@ -233,12 +236,17 @@ def run_command(
     master_port: int = DEFAULT_MASTER_PORT,
     external_master: bool = False,
     launcher: str = "torchrun",
-    preflight: str | None = None,
 ) -> str:
     """The task's ``run`` shell script: one ``torchrun`` agent per node.
 
     Every user-supplied word is ``shlex``-quoted, so hostile or odd arguments
     (``; rm -rf /``, ``$(whoami)``, spaces, quotes) reach the script verbatim.
+
+    On a node SkyPilot gave GPUs (``SKYPILOT_NUM_GPUS_PER_NODE`` above 0) the script
+    first makes Lightning use them (``PL_TRAINER_ACCELERATOR=gpu`` unless set) and
+    checks that torch sees them (:mod:`lightning_srifty.capture.gpu_check`, with the
+    Python beside ``torchrun``); if not, it stops in one line with
+    :data:`~lightning_srifty.core.launch_protocol.NO_GPU_EXIT_CODE` before training.
 
     The script's status is what SkyPilot records as the job's exit code (its job
     program collects each node's return code from ``log_lib.run_bash_command_with_log``
@@ -254,8 +262,9 @@ def run_command(
     ends by setting ``$?`` rather than ``exit``, so the rclone flush SkyPilot appends
     (``TaskCodeGen.build_task_bash_script``) still runs and passes the code on.
 
-    Checks do not rely on ``set -e`` or ``${VAR:?}``: under ``bash -i`` neither stops
-    the script, so each failure exits explicitly.
+    Checks exit explicitly: under ``bash -i`` an unset ``${VAR:?}`` or a ``set -u``
+    error prints and carries on (interactive shells do not exit on them), and
+    ``set -e`` would end the script at torchrun's failure before its code is mapped.
 
     Args:
         script: The training script, relative to the workdir.
@@ -264,8 +273,6 @@ def run_command(
         external_master: The master is another cluster's head (``SRIFTY_MASTER_ADDR``
             must be set); otherwise this cluster's first node is the master.
         launcher: The ``torchrun`` executable.
-        preflight: Shell run before ``torchrun`` (the GPU check); a non-zero status
-            ends the script with that status and nothing is trained.
     """
     if not 1 <= master_port <= 65535:
         raise ConfigError(f"master port must be in 1..65535, got {master_port}")
@@ -289,12 +296,7 @@ def run_command(
         f'mkdir -p "{state}" || exit 1',
         f'rm -f "{state}/{PREEMPTED_MARKER}"',
     ]
-    if preflight:
-        lines += [
-            preflight.strip(),
-            "SRIFTY_CODE=$?",
-            '[ "$SRIFTY_CODE" = 0 ] || exit "$SRIFTY_CODE"',
-        ]
+    lines += gpu_check_lines(launcher)
     argv = " ".join(shlex.quote(word) for word in [script, *script_args])
     lines += [
         f"{shlex.quote(launcher)}"
@@ -318,6 +320,77 @@ def run_command(
         '( exit "$SRIFTY_CODE" )',
     ]
     return "\n".join(lines)
+
+
+def gpu_check_lines(launcher: str = "torchrun") -> list[str]:
+    """The run script's GPU check (see :func:`run_command`)."""
+    nproc = f"${{{ENV_NPROC_PER_NODE}:-$SKYPILOT_NUM_GPUS_PER_NODE}}"
+    return [
+        f'if [ "${{SKYPILOT_NUM_GPUS_PER_NODE:-0}}" -gt 0 ] 2>/dev/null'
+        f' && [ "${{{ENV_GPU_CHECK}:-1}}" != 0 ]; then',
+        '  export PL_TRAINER_ACCELERATOR="${PL_TRAINER_ACCELERATOR:-gpu}"',
+        f'  SRIFTY_PY="$(dirname "$(command -v {shlex.quote(launcher)})")/python"',
+        '  [ -x "$SRIFTY_PY" ] || SRIFTY_PY=python3',
+        f'  "$SRIFTY_PY" -m lightning_srifty.capture.gpu_check --expect "{nproc}" || exit $?',
+        "fi",
+    ]
+
+
+TORCH_INDEX = "https://download.pytorch.org/whl"
+TORCH_CUDA_BUILD = "cu126"
+"""The CUDA build of torch for SkyPilot's AWS GPU images (SkyPilot 0.14.1,
+``sky/clouds/aws.py: _get_default_ami``): Turing and later GPUs get
+``skypilot:custom-gpu-ubuntu-cuda13`` (NVIDIA 580 driver, CUDA 13), V100, M60, P100 and
+P4 get ``skypilot:custom-gpu-ubuntu`` (NVIDIA 535 driver, CUDA 12;
+``sky/clouds/utils/gpu_utils.py: LEGACY_DRIVER_GPUS``). A CUDA 12.6 build runs on both
+drivers (CUDA 12 minor-version compatibility needs >= 525) and still carries Volta
+kernels; the default PyPI wheel of a newer torch is built for CUDA 13, which the 535
+driver cannot run."""
+TORCH_CUDA_BUILD_BLACKWELL = "cu128"
+"""GPUs of compute capability 10 and up (B200, RTX PRO 6000) need CUDA >= 12.8, which
+the 580 driver of the default image runs."""
+
+
+def node_stack_setup() -> str:
+    """Setup lines that install the profiled torch and Lightning (``SRIFTY_TORCH_VERSION``,
+    ``SRIFTY_LIGHTNING_VERSION`` in the task's envs) before anything else.
+
+    The CUDA build is chosen on the node from its GPU's compute capability
+    (``nvidia-smi``; see :data:`TORCH_CUDA_BUILD`), so one managed task can list
+    candidates of several GPU generations. The versions are then written to a pip
+    constraints file exported as ``PIP_CONSTRAINT``, so the package's wheel and the
+    user's ``requirements.txt`` cannot swap them for others (pip fails instead).
+    """
+    index = f"{TORCH_INDEX}/{TORCH_CUDA_BUILD}"
+    blackwell = f"{TORCH_INDEX}/{TORCH_CUDA_BUILD_BLACKWELL}"
+    constraints = "$HOME/.srifty/constraints.txt"
+    return "\n".join(
+        [
+            "# srifty: the torch and Lightning the profile ran with, in the CUDA build",
+            "# this node's GPU and SkyPilot's image for it run.",
+            f'if [ -n "${{{ENV_TORCH_VERSION}:-}}" ]; then',
+            '  SRIFTY_CAP="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader'
+            ' 2>/dev/null | head -n1 || true)"',
+            '  case "$SRIFTY_CAP" in',
+            f'    "") SRIFTY_TORCH_INDEX="{TORCH_INDEX}/cpu" ;;',
+            f'    [1-9][0-9].*) SRIFTY_TORCH_INDEX="{blackwell}" ;;',
+            f'    *) SRIFTY_TORCH_INDEX="{index}" ;;',
+            "  esac",
+            '  echo "srifty: installing torch==$SRIFTY_TORCH_VERSION from $SRIFTY_TORCH_INDEX'
+            ' (GPU compute capability ${SRIFTY_CAP:-none})"',
+            '  pip install --index-url "$SRIFTY_TORCH_INDEX"'
+            f' "torch==${{{ENV_TORCH_VERSION}}}" || exit $?',
+            '  mkdir -p "$HOME/.srifty"',
+            f'  echo "torch==${{{ENV_TORCH_VERSION}}}" > "{constraints}"',
+            "fi",
+            f'if [ -n "${{{ENV_LIGHTNING_VERSION}:-}}" ]; then',
+            '  mkdir -p "$HOME/.srifty"',
+            f'  echo "lightning==${{{ENV_LIGHTNING_VERSION}}}" >> "{constraints}"',
+            f'  pip install "lightning==${{{ENV_LIGHTNING_VERSION}}}" || exit $?',
+            "fi",
+            f'if [ -s "{constraints}" ]; then export PIP_CONSTRAINT="{constraints}"; fi',
+        ]
+    )
 
 
 def build_task(
@@ -384,6 +457,8 @@ def build_task(
     price = offer.price(use_spot)
     if price is not None:
         task_envs[ENV_EXPECTED_HOURLY_USD] = f"{price * nodes:.6f}"
+    if ENV_TORCH_VERSION in task_envs or ENV_LIGHTNING_VERSION in task_envs:
+        setup = node_stack_setup() + ("\n" + setup if setup else "")
     task = sky.Task(
         name=name,
         setup=setup,

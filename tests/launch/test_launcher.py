@@ -221,6 +221,8 @@ def test_sky_backend_launches_real_tasks_through_the_sdk(
     ((remote, local),) = task.file_mounts.items()
     assert remote.startswith("~/.srifty/wheels/lightning_srifty-") and Path(local).is_file()
     setup_lines = (task.setup or "").splitlines()
+    # After the profiled torch and Lightning (tests/launch/test_sky_node.py checks those).
+    setup_lines = setup_lines[setup_lines.index("set -euo pipefail") :]
     assert Path(remote).name in setup_lines[1] and setup_lines[1].startswith("pip install")
     assert setup_lines[2:] == ["pip install -r requirements.txt", "echo extra-setup"]
     ignore = (project / ".skyignore").read_text().splitlines()

@@ -14,6 +14,7 @@ process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -147,7 +148,17 @@ def project(tmp_path: Path) -> tuple[Path, Path]:
     """A script that never runs here (the fake cloud trains) and a reused profile."""
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('runs on the cloud only')\n")
-    profile = save_profile(make_profile(), tmp_path / "profile.json")
+    import lightning
+    import torch
+
+    made = make_profile()
+    # A real profile records the stack it ran on; the nodes install exactly that.
+    environment = dataclasses.replace(
+        made.environment, torch_version=torch.__version__, lightning_version=lightning.__version__
+    )
+    profile = save_profile(
+        dataclasses.replace(made, environment=environment), tmp_path / "profile.json"
+    )
     return script, profile
 
 

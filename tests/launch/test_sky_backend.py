@@ -295,6 +295,7 @@ def execute_run(
         "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
         "HOME": str(tmp_path),
         "ARGV_OUT": str(tmp_path / "argv.json"),
+        "SRIFTY_GPU_CHECK": "0",  # the node pretends to have GPUs; test_sky_node checks them
         **node_env,
     }
     return subprocess.run(  # noqa: S603 - fixed argv
@@ -699,31 +700,6 @@ def test_real_sdk_without_api_server_is_a_launch_error(sky: Any) -> None:
     assert not isinstance(error.value, CredentialsError)
 
 
-def test_a_silent_head_on_a_cluster_that_reads_up_loses_the_attempt(sky: Any) -> None:
-    """job_status raises CommandError (sky/backends/cloud_vm_ray_backend.py:
-    get_job_status) while even a FORCE refresh reads UP: tolerated for the notice
-    window, then the attempt counts as lost, never as a crash."""
-
-    def head_silent() -> None:
-        raise sky.exceptions.CommandError(
-            255, "job_lib.get_statuses_payload", "Failed to get job status.", "ssh: timed out"
-        )
-
-    fake = FakeSkyApi(scripts=[ClusterScript(steps_per_s=0.1)])
-    backend = backend_on(fake)
-    handle = backend.launch(spec(homogeneous("g5.12xlarge", "use1-az1", 1, use_spot=False)))
-    fake.clock.sleep(200)
-    assert backend.status(handle) is JobState.RUNNING
-    fake.restarts.extend(ApiFault("job_status", head_silent) for _ in range(40))
-    assert backend.status(handle) is JobState.RUNNING
-    fake.clock.sleep(100)
-    assert backend.status(handle) is JobState.RUNNING
-    fake.clock.sleep(60)
-    assert backend.status(handle) is JobState.PREEMPTED
-    assert "reads UP but its head did not answer for 160 s" in backend.failure_detail(handle)
-    assert "status" in fake.calls and fake.downs == []  # moving on is the controller's call
-
-
 def test_plans_priced_over_efa_ask_skypilot_for_it(sky: Any) -> None:
     """A plan priced with EFA gets ``network_tier: best`` (what makes SkyPilot attach the
     type's EFA interfaces); one node, or a type without EFA, stays on the default."""
@@ -791,3 +767,28 @@ def test_efa_is_priced_as_the_users_skypilot_config_will_attach_it(
     finally:
         monkeypatch.undo()
         skypilot_config.reload_config()
+
+
+def test_a_silent_head_on_a_cluster_that_reads_up_loses_the_attempt(sky: Any) -> None:
+    """job_status raises CommandError (sky/backends/cloud_vm_ray_backend.py:
+    get_job_status) while even a FORCE refresh reads UP: tolerated for the notice
+    window, then the attempt counts as lost, never as a crash."""
+
+    def head_silent() -> None:
+        raise sky.exceptions.CommandError(
+            255, "job_lib.get_statuses_payload", "Failed to get job status.", "ssh: timed out"
+        )
+
+    fake = FakeSkyApi(scripts=[ClusterScript(steps_per_s=0.1)])
+    backend = backend_on(fake)
+    handle = backend.launch(spec(homogeneous("g5.12xlarge", "use1-az1", 1, use_spot=False)))
+    fake.clock.sleep(200)
+    assert backend.status(handle) is JobState.RUNNING
+    fake.restarts.extend(ApiFault("job_status", head_silent) for _ in range(40))
+    assert backend.status(handle) is JobState.RUNNING
+    fake.clock.sleep(100)
+    assert backend.status(handle) is JobState.RUNNING
+    fake.clock.sleep(60)
+    assert backend.status(handle) is JobState.PREEMPTED
+    assert "reads UP but its head did not answer for 160 s" in backend.failure_detail(handle)
+    assert "status" in fake.calls and fake.downs == []  # moving on is the controller's call

@@ -169,7 +169,7 @@ def job_program(job_id: int, run: str, env_vars: dict[str, str], log_dir: str) -
     return gen.build()
 
 
-def task_env(task: Any, nprocs: int, task_id: str) -> dict[str, str]:
+def task_env(task: Any, nprocs: int, task_id: str, node_gpus: int = 0) -> dict[str, str]:
     """What SkyPilot exports for the run: the task's envs and its own variables
     (``CloudVmRayBackend._get_task_env_vars``, ``RayCodeGen._add_ray_task``)."""
     return {
@@ -182,7 +182,7 @@ def task_env(task: Any, nprocs: int, task_id: str) -> dict[str, str]:
         "SKYPILOT_NUM_NODES": "1",
         "SKYPILOT_NODE_RANK": "0",
         # A CPU node: SkyPilot reports no GPUs; the plan's processes come from the task.
-        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        "SKYPILOT_NUM_GPUS_PER_NODE": str(node_gpus),
         "SKYPILOT_INTERNAL_JOB_ID": "1",
     }
 
@@ -277,6 +277,7 @@ def start_node_job(
     imds_endpoint: str,
     checkpoint_uri: str,
     extra_args: tuple[str, ...] = (),
+    node_gpus: int = 0,
 ) -> tuple[Node, Any, int, NodeRun]:
     """Builds the managed task, writes and reloads its YAML, and starts it on a node."""
     import sky
@@ -321,7 +322,8 @@ def start_node_job(
         "sky-2026-01-01-00-00-00-000000", "srifty-node", str(job_id), task_id=0, is_managed_job=True
     )
     log_dir = tmp_path / "logs"
-    program = job_program(job_id, loaded.run, task_env(loaded, nprocs, task_id), str(log_dir))
+    env = task_env(loaded, nprocs, task_id, node_gpus)
+    program = job_program(job_id, loaded.run, env, str(log_dir))
     return node, loaded, job_id, NodeRun(node, program, log_dir)
 
 
@@ -460,3 +462,137 @@ def test_a_script_error_keeps_its_code_and_is_not_recovered(tmp_path: Path, imds
     assert not (node.home / ".srifty").exists() or not any(
         (node.home / ".srifty").rglob(proto.PREEMPTED_MARKER)
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Nodes run the profiled stack, on the GPUs, or not at all
+# ---------------------------------------------------------------------------------------
+
+
+def test_a_gpu_node_whose_torch_sees_no_gpu_stops_in_one_line_before_training(
+    tmp_path: Path, imds: str
+) -> None:
+    """SkyPilot says the node has 4 GPUs; this machine's torch is a CPU build."""
+    import torch
+
+    uri = str(tmp_path / "checkpoints")
+    node, task, job_id, run = start_node_job(
+        tmp_path, nprocs=2, imds_endpoint=imds, checkpoint_uri=uri, node_gpus=4
+    )
+    rc = run.finish()
+    assert rc == 1
+    codes = node.exit_codes(job_id)
+    assert codes == [proto.NO_GPU_EXIT_CODE], run.tail()
+    assert recovery_decision(task, codes) is False
+    said = [ln for ln in run.log.read_text().splitlines() if "srifty:" in ln]
+    assert said == [
+        f"srifty: this node has 2 GPU(s) but torch {torch.__version__} is a CPU-only build; "
+        "nothing was trained (the task's setup installs the CUDA build)"
+    ]
+    assert run.events() == []  # torchrun never started
+    assert not Path(uri).exists() or not open_store(uri).refs()
+
+
+def fake_tools(bin_dir: Path, compute_cap: str | None) -> Path:
+    """``pip`` that records its arguments and ``nvidia-smi`` answering ``compute_cap``."""
+    bin_dir.mkdir(parents=True)
+    calls = bin_dir.parent / "pip-calls.txt"
+    (bin_dir / "pip").write_text(
+        f'#!/bin/sh\necho "$* | PIP_CONSTRAINT=${{PIP_CONSTRAINT:-}}" >> "{calls}"\n'
+    )
+    (bin_dir / "pip").chmod(0o755)
+    if compute_cap is not None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho {compute_cap}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("gpu", "compute_cap", "build"),
+    [
+        ("V100", "7.0", "cu126"),
+        ("L4", "8.9", "cu126"),
+        ("B200", "10.0", "cu128"),
+        ("none", None, "cpu"),
+    ],
+)
+def test_setup_installs_the_profiled_stack_in_the_build_the_node_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu: str, compute_cap: str | None, build: str
+) -> None:
+    """The task's setup, run by SkyPilot's ``log_lib.run_bash_command_with_log``."""
+    from sky.skylet import log_lib
+
+    from lightning_srifty.launch.sky_tasks import build_task
+
+    calls = fake_tools(tmp_path / "bin", compute_cap)
+    (tmp_path / "home" / "sky_workdir").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    envs = proto.stack_env("2.13.0+cpu", "2.6.6")
+    group = ClusterGroup(offer("g4dn.12xlarge", "use1-az1"), 1, 4)
+    task = build_task(
+        group, use_spot=True, script="train.py", envs=envs, setup='pip install "$HOME/w.whl"'
+    )
+    code = log_lib.run_bash_command_with_log(
+        task.setup, str(tmp_path / "setup.log"), env_vars=dict(task.envs)
+    )
+    assert code == 0, (tmp_path / "setup.log").read_text()
+    constraints = tmp_path / "home" / ".srifty" / "constraints.txt"
+    assert calls.read_text().splitlines() == [
+        f"install --index-url https://download.pytorch.org/whl/{build} torch==2.13.0 "
+        "| PIP_CONSTRAINT=",
+        "install lightning==2.6.6 | PIP_CONSTRAINT=",
+        f"install {tmp_path}/home/w.whl | PIP_CONSTRAINT={constraints}",
+    ], gpu
+    assert constraints.read_text().splitlines() == ["torch==2.13.0", "lightning==2.6.6"]
+
+
+def test_setup_stops_when_the_profiled_torch_cannot_be_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sky.skylet import log_lib
+
+    from lightning_srifty.launch.sky_tasks import node_stack_setup
+
+    fake_tools(tmp_path / "bin", "8.6")
+    (tmp_path / "bin" / "pip").write_text(
+        "#!/bin/sh\necho 'No matching distribution' >&2\nexit 1\n"
+    )
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    script = node_stack_setup() + "\necho 'the wheel would install now'"
+    code = log_lib.run_bash_command_with_log(
+        script, str(tmp_path / "setup.log"), env_vars=proto.stack_env("2.13.0", "2.6.6")
+    )
+    log = (tmp_path / "setup.log").read_text()
+    assert code == 1, log
+    assert "the wheel would install now" not in log
+
+
+def test_the_dry_run_task_installs_the_profiled_stack_and_uses_the_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import lightning
+    import sky
+    import torch
+
+    from lightning_srifty.cli import launch_cmd
+
+    digits = Path(__file__).resolve().parents[2] / "examples" / "train_digits.py"
+    code = launch_cmd.main(
+        [str(digits), "--target-steps", "200", "--backend", "sky-jobs", "--dry-run",
+         "--catalog", "bundled", "--run-dir", str(tmp_path / "run"), "--hidden", "32"]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().out
+    text = (tmp_path / "run" / "sky" / "task-0.yaml").read_text()
+    task = sky.Task.from_yaml_config(__import__("yaml").safe_load(text))
+    assert task.envs[proto.ENV_TORCH_VERSION] == torch.__version__.split("+")[0]
+    assert task.envs[proto.ENV_LIGHTNING_VERSION] == lightning.__version__
+    assert task.envs["PL_TRAINER_ACCELERATOR"] == "gpu"
+    setup = task.setup.splitlines()
+    torch_line = next(i for i, ln in enumerate(setup) if "torch==${SRIFTY_TORCH_VERSION}" in ln)
+    wheel_line = next(i for i, ln in enumerate(setup) if ".srifty/wheels/" in ln)
+    assert torch_line < wheel_line  # before the wheel's unpinned torch>=2.1 resolves
+    assert "https://download.pytorch.org/whl/cu126" in task.setup
+    assert "lightning_srifty.capture.gpu_check" in task.run

@@ -725,6 +725,50 @@ def test_teardown_waits_out_an_api_outage(tmp_path: Path, sky_offline: object) -
     assert backend.api_retries >= 5
 
 
+# ------------------------------------------------------------------------ --resume
+def test_resume_refuses_while_the_runs_managed_job_lives(
+    tmp_path: Path, sky_offline: object, s3_uri: str
+) -> None:
+    """A resumed run beside its still-running first job would be a second writer on the
+    same checkpoints: --resume stops in one line before anything is measured or sent."""
+    from lightning_srifty.launch.launcher import LaunchOptions, run_launch
+
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    first = make_backend(fake, tmp_path, managed=True)
+    assert isinstance(first, SkyJobsBackend)
+    first.candidates = (HOME, OTHER)
+    first.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    # The laptop closed; the user comes back and asks to resume the same run.
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run: the resume must stop before')\n")
+    request = PlanRequest(target_steps=50)
+    options = LaunchOptions(script=str(script), script_args=(), request=request,
+                            backend="sky-jobs", run_dir=tmp_path, resume=True,
+                            assume_yes=True, checkpoint_uri=s3_uri)  # fmt: skip
+    again = make_backend(fake, tmp_path, managed=True)
+    launched = len(fake.launched)
+    with pytest.raises(ConfigError) as error:
+        run_launch(options, RecordingUI(), backend=again)
+    message = str(error.value)
+    assert "managed job 1 (" in message and f"srifty down {tmp_path}" in message
+    assert "\n" not in message and len(fake.launched) == launched
+    assert fake.cancels == []  # the refusal leaves the live job alone
+    # Once it is taken down, nothing blocks the resume any more.
+    again.down_recorded()
+    fake.clock.sleep(60)
+    fake.jobs._advance(fake.managed[1])  # noqa: SLF001 - the jobs controller's next step
+    assert again.live_recorded() == []
+
+
+def test_live_clusters_are_what_skypilot_reports(tmp_path: Path, sky_offline: object) -> None:
+    outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40, keep=True)
+    (name,) = _launched(outcome)
+    later = make_backend(outcome.fake, tmp_path)
+    assert later.live_recorded() == [f"{name} (UP)"]
+    outcome.fake.clusters[name].downed_at = outcome.fake.clock.now  # `sky down` by hand
+    assert later.live_recorded() == []
+
+
 # ------------------------------------------------------------- confirmed teardown
 def _send_launch(fake: FakeSkyApi, backend: SkyClient, name: str) -> str:
     """A launch request as srifty-launch sends it (autostop and down included)."""
@@ -787,47 +831,3 @@ def test_srifty_down_after_the_jobs_controller_stopped_is_one_line(
     assert fake.cancels == []
     # Following such a job still reads how it ended (a refresh starts the controller).
     assert backend.status(handle).value == "succeeded"
-
-
-# ------------------------------------------------------------------------ --resume
-def test_resume_refuses_while_the_runs_managed_job_lives(
-    tmp_path: Path, sky_offline: object, s3_uri: str
-) -> None:
-    """A resumed run beside its still-running first job would be a second writer on the
-    same checkpoints: --resume stops in one line before anything is measured or sent."""
-    from lightning_srifty.launch.launcher import LaunchOptions, run_launch
-
-    fake = FakeSkyApi(scripts=[ClusterScript()])
-    first = make_backend(fake, tmp_path, managed=True)
-    assert isinstance(first, SkyJobsBackend)
-    first.candidates = (HOME, OTHER)
-    first.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
-    # The laptop closed; the user comes back and asks to resume the same run.
-    script = tmp_path / "train.py"
-    script.write_text("raise SystemExit('never run: the resume must stop before')\n")
-    request = PlanRequest(target_steps=50)
-    options = LaunchOptions(script=str(script), script_args=(), request=request,
-                            backend="sky-jobs", run_dir=tmp_path, resume=True,
-                            assume_yes=True, checkpoint_uri=s3_uri)  # fmt: skip
-    again = make_backend(fake, tmp_path, managed=True)
-    launched = len(fake.launched)
-    with pytest.raises(ConfigError) as error:
-        run_launch(options, RecordingUI(), backend=again)
-    message = str(error.value)
-    assert "managed job 1 (" in message and f"srifty down {tmp_path}" in message
-    assert "\n" not in message and len(fake.launched) == launched
-    assert fake.cancels == []  # the refusal leaves the live job alone
-    # Once it is taken down, nothing blocks the resume any more.
-    again.down_recorded()
-    fake.clock.sleep(60)
-    fake.jobs._advance(fake.managed[1])  # noqa: SLF001 - the jobs controller's next step
-    assert again.live_recorded() == []
-
-
-def test_live_clusters_are_what_skypilot_reports(tmp_path: Path, sky_offline: object) -> None:
-    outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40, keep=True)
-    (name,) = _launched(outcome)
-    later = make_backend(outcome.fake, tmp_path)
-    assert later.live_recorded() == [f"{name} (UP)"]
-    outcome.fake.clusters[name].downed_at = outcome.fake.clock.now  # `sky down` by hand
-    assert later.live_recorded() == []

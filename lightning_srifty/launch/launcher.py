@@ -241,7 +241,7 @@ def run_launch(
 ) -> LaunchOutcome:
     """Runs the whole journey; raises :class:`SriftyError` subclasses on user problems.
 
-    Whatever ends it early takes down what the run started (the clusters and managed
+    Whatever ends it early takes down what this launch started (the clusters and managed
     jobs in its ledger): Ctrl-C, SIGTERM and SIGHUP (:mod:`~lightning_srifty.launch.
     signals`) unless ``--keep-clusters``, and any exception. Only an API server that
     stayed away leaves them, with their autostop, as they are.
@@ -687,9 +687,9 @@ def ddp_strategy(profile: Profile) -> str:
 def _after_interrupt(
     backend: Backend, options: LaunchOptions, ui: LauncherUI, why: KeyboardInterrupt
 ) -> None:
-    """Ctrl-C, SIGTERM or SIGHUP: what the run still has up goes down, unless
-    ``--keep-clusters``."""
-    down = getattr(backend, "down_recorded", None)
+    """Ctrl-C, SIGTERM or SIGHUP: what this launch started and still has up goes down,
+    unless ``--keep-clusters``."""
+    down = getattr(backend, "down_started", None)
     if down is None:
         return
     what = str(why) or "interrupted"
@@ -710,11 +710,11 @@ def _after_interrupt(
 
 
 def _after_failure(backend: Backend, ui: LauncherUI) -> None:
-    """Any exception: whatever the run started and still has up goes down (the error
+    """Any exception: whatever this launch started and still has up goes down (the error
     itself is reported by the caller). Not when the API server itself failed (stayed
     away, or kept dropping requests): a failed API call is no reason to stop a healthy
     job, and the clusters' autostop takes them down when it ends."""
-    down = getattr(backend, "down_recorded", None)
+    down = getattr(backend, "down_started", None)
     if down is None or getattr(backend, "api_gone", False):
         return
     try:

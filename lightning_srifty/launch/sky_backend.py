@@ -225,6 +225,7 @@ class SkyBackend(SkyClient):
         from sky import exceptions
 
         cluster_name = task.name or "srifty"
+        self.started.add(cluster_name)
         if self.ledger is not None:
             self.ledger.mark(cluster_name, "launching")
         what = f"launch {cluster_name}"

@@ -332,6 +332,8 @@ class SkyClient:
         self._why: dict[str, str] = {}
         self._requests: dict[str, Any] = {}
         """Cluster name -> its latest launch request (cancelled before a teardown)."""
+        self.started: set[str] = set()
+        """Names of the clusters and managed jobs this process launched."""
 
     @property
     def sdk(self) -> SkySdk:
@@ -403,13 +405,25 @@ class SkyClient:
                 "credentials on the API server and run `sky check aws`"
             )
 
-    def down_recorded(self) -> list[str]:
-        """Takes down every cluster the ledger lists as not down (``srifty down``)."""
+    def down_recorded(self, *, ours: bool = False) -> list[str]:
+        """Takes down every cluster the ledger lists as not down (``srifty down``).
+
+        ``ours``: only what this process launched (:meth:`down_started`)."""
         if self.ledger is None:
             return []
-        names = [e.name for e in self.ledger.not_down() if e.kind == "cluster"]
+        names = [
+            e.name
+            for e in self.ledger.not_down()
+            if e.kind == "cluster" and (not ours or e.name in self.started)
+        ]
         self._down_names(names)
         return names
+
+    def down_started(self) -> list[str]:
+        """Takes down what this launcher started and is not down yet: what an
+        interrupted or failed ``srifty-launch`` owes. A resumed run's earlier clusters
+        are not its to stop (``--resume`` refuses to run beside a live one)."""
+        return self.down_recorded(ours=True)
 
     def live_recorded(self) -> list[str]:
         """What the ledger lists as not down and SkyPilot still reports, as

@@ -238,6 +238,7 @@ class SkyJobsBackend(SkyClient):
             recovery=self.recovery,
             **options,
         )
+        self.started.add(name)
         if self.ledger is not None:
             self.ledger.mark(name, "launching", kind="managed-job")
         job_ids = self._submit(task, name)
@@ -395,10 +396,19 @@ class SkyJobsBackend(SkyClient):
         jobs = [e for e in self.ledger.not_down() if e.kind == "managed-job"]
         if not jobs:
             return live
-        result = self._call(
-            lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False)),
-            "managed job queue",
-        )
+        from sky import exceptions
+
+        try:
+            result = self._call(
+                lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False)),
+                "managed job queue",
+            )
+        except exceptions.ClusterNotUpError as exc:
+            if _value(getattr(exc, "cluster_status", None)) in (None, "STOPPED"):
+                return live  # SkyPilot stops its jobs controller only once none runs
+            raise LaunchError(
+                f"managed job queue: SkyPilot's jobs controller is not reachable yet ({exc})"
+            ) from None
         records = result[0] if isinstance(result, tuple) else result
         for entry in jobs:
             for record in records or []:
@@ -413,12 +423,12 @@ class SkyJobsBackend(SkyClient):
                     live.append(f"managed job {entry.job_id or entry.name} ({status})")
         return live
 
-    def down_recorded(self) -> list[str]:
-        names = super().down_recorded()
+    def down_recorded(self, *, ours: bool = False) -> list[str]:
+        names = super().down_recorded(ours=ours)
         if self.ledger is None:
             return names
         for entry in self.ledger.not_down():
-            if entry.kind != "managed-job":
+            if entry.kind != "managed-job" or (ours and entry.name not in self.started):
                 continue
             self._cancel_confirmed(entry.name, entry.job_id)
             names.append(entry.name)

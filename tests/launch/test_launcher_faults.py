@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +148,16 @@ def project(tmp_path: Path) -> tuple[Path, Path]:
     """A script that never runs here (the fake cloud trains) and a reused profile."""
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('runs on the cloud only')\n")
-    measured = make_profile()
-    stack = {"torch_version": version("torch"), "lightning_version": version("lightning")}
-    env = dataclasses.replace(measured.environment, **stack)  # nodes install these
+    import lightning
+    import torch
+
+    made = make_profile()
+    # A real profile records the stack it ran on; the nodes install exactly that.
+    environment = dataclasses.replace(
+        made.environment, torch_version=torch.__version__, lightning_version=lightning.__version__
+    )
     profile = save_profile(
-        dataclasses.replace(measured, environment=env), tmp_path / "profile.json"
+        dataclasses.replace(made, environment=environment), tmp_path / "profile.json"
     )
     return script, profile
 

@@ -752,6 +752,7 @@ def test_resume_refuses_while_the_runs_managed_job_lives(
     message = str(error.value)
     assert "managed job 1 (" in message and f"srifty down {tmp_path}" in message
     assert "\n" not in message and len(fake.launched) == launched
+    assert fake.cancels == []  # the refusal leaves the live job alone
     # Once it is taken down, nothing blocks the resume any more.
     again.down_recorded()
     fake.clock.sleep(60)

@@ -394,12 +394,17 @@ def test_spot_notice_records_the_preemption_code_and_skypilot_recovers(
     assert_recovered_preemption(node, task, job_id, run, rc, s3_uri)
 
 
-def terminate_tree(run: NodeRun, monkeypatch: pytest.MonkeyPatch, *, with_wrapper: bool) -> int:
-    """SIGTERM to every process of the run by SkyPilot's ``kill_process_tree``; waits."""
+def terminate_tree(
+    run: NodeRun, monkeypatch: pytest.MonkeyPatch, *, with_wrapper: bool, trainers: int = 0
+) -> int:
+    """SIGTERM to every process of the run by SkyPilot's ``kill_process_tree``; waits.
+    ``trainers``: the script processes (trainers and their loader workers) expected."""
     from sky.skylet import subprocess_daemon
 
     root, children = run.job_tree(with_wrapper=with_wrapper)
     assert any("torchrun" in " ".join(c.cmdline()) for c in children)
+    scripts = [c for c in children if "train_demo.py" in " ".join(c.cmdline())]
+    assert len(scripts) >= trainers, [" ".join(c.cmdline()) for c in children]
     # kill_process_tree sends SIGTERM to every process, waits its grace period (30 s)
     # and then SIGKILLs what is left; the wait ends here once the job program is done.
     done = threading.Event()
@@ -415,16 +420,18 @@ def terminate_tree(run: NodeRun, monkeypatch: pytest.MonkeyPatch, *, with_wrappe
         killer.join(timeout=30)
 
 
-@pytest.mark.parametrize("nprocs", [1, 2])
+@pytest.mark.parametrize(("nprocs", "workers"), [(1, 0), (2, 0), (2, 2)])
 def test_sigterm_to_the_process_tree_records_the_preemption_code(
-    tmp_path: Path, imds: str, nprocs: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, imds: str, nprocs: int, workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With DataLoader workers too: they are in the tree that gets SIGTERM."""
     uri = str(tmp_path / "checkpoints")
     node, task, job_id, run = start_node_job(
-        tmp_path, nprocs=nprocs, imds_endpoint=imds, checkpoint_uri=uri
-    )
+        tmp_path, nprocs=nprocs, imds_endpoint=imds, checkpoint_uri=uri,
+        extra_args=("--num-workers", str(workers)),
+    )  # fmt: skip
     run.wait_for_steps(5)
-    rc = terminate_tree(run, monkeypatch, with_wrapper=False)
+    rc = terminate_tree(run, monkeypatch, with_wrapper=False, trainers=nprocs * (1 + workers))
     assert "SIGTERM" in run.tail()
     assert_recovered_preemption(node, task, job_id, run, rc, uri)
 

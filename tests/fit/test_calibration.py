@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lightning_srifty.core.calibration import Calibration
+from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.links import NCCL_TCP_CHANNELS
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.fit.calibration import (
@@ -25,6 +25,7 @@ from lightning_srifty.fit.calibration import (
     calibrate,
     fit_correction,
     fit_group,
+    fit_physics,
     trace_groups,
 )
 from lightning_srifty.io.traces import TraceSet, load_traces
@@ -142,3 +143,19 @@ def test_forced_trees_export_for_the_file_format(synthetic: TraceSet, fitted: Ca
         trace_groups(synthetic), fitted.physics, jobs=fitted.jobs, require_transfer=False
     )
     assert trees is not None and trees.median.trees
+
+
+def test_the_fit_is_the_recipes_answer_not_the_optimisers_start(synthetic: TraceSet) -> None:
+    groups = trace_groups(synthetic)
+    recipe, _ = fit_physics(groups)
+    elsewhere = PhysicsConstants(
+        tcp_efficiency=0.9, tcp_flow_gbps=3.0, tail_fraction=0.7, overlap_window=0.2,
+        step_overhead_s=1e-5, tcp_latency_s=2e-4, colocation_slowdown=0.1,
+    )  # fmt: skip
+    moved, _ = fit_physics(groups, start=elsewhere)
+    ours, theirs = recipe.to_dict(), moved.to_dict()
+    assert {k: theirs[k] / v for k, v in ours.items() if abs(theirs[k] / v - 1) > 0.05} == {}
+    assert moved.inter_algorithm == recipe.inter_algorithm
+    # what no row can tell is its prior exactly, not wherever the optimiser stopped
+    for name in ("efa_efficiency", "ib_efficiency", "nvlink_efficiency", "nvlink_latency_s"):
+        assert ours[name] == pytest.approx(PRIORS[name].centre, rel=1e-6)

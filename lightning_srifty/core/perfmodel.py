@@ -47,9 +47,9 @@ from lightning_srifty.core.calibration import (
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
 from lightning_srifty.core.catalog import (
     GpuSpec,
+    achieved_tflops,
     device_time_ratio,
     layer_time_ratio,
-    peak_tflops,
 )
 from lightning_srifty.core.cluster import Cluster
 from lightning_srifty.core.comm import (
@@ -281,7 +281,7 @@ class PerformanceModel:
         precision = profile.environment.precision
         src = self.gpu_specs.get(source)
         if src is None:
-            peak_t = peak_tflops(target, precision) * 1e12
+            peak_t = achieved_tflops(target, precision) * 1e12
             return self._absolute_roofline_ratio(profile, peak_t, target.mem_bw_gbps * 1e9)
         whole = device_time_ratio(src, target, precision)
         layers = [x for x in profile.layers if x.forward_s + x.backward_s > 0]

@@ -62,7 +62,12 @@ from lightning_srifty.core.comm import (
     simulate_overlap,
 )
 from lightning_srifty.core.errors import PredictionError
-from lightning_srifty.core.links import TRANSPORTS, inter_node_bytes_s, intra_node_bytes_s
+from lightning_srifty.core.links import (
+    TRANSPORTS,
+    LinkColumns,
+    inter_node_bytes_s,
+    intra_node_bytes_s,
+)
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.trees import cell_codes
 
@@ -495,6 +500,7 @@ class PerformanceModel:
         low_log = np.full(n, -np.hypot(min(self.calibration.residual_low, 0.0), shift))
         high_log = np.full(n, np.hypot(max(self.calibration.residual_high, 0.0), shift))
         correction = self.calibration.correction
+        widen = self._unseen(cand, cols, present)
         if correction is not None:
             multi = (world > 1) & np.isfinite(step)
             if multi.any():
@@ -508,6 +514,14 @@ class PerformanceModel:
                 low_log[multi] = -np.hypot(np.minimum(lo - mid, 0.0), shift)
                 high_log[multi] = np.hypot(np.maximum(hi - mid, 0.0), shift)
                 step = step * scale
+        if widen is not None:
+            # a whole new kind of hardware may sit off the model (in quadrature), and
+            # leaving hardware out showed how much further rows still fall (added)
+            unseen = widen & (world > 1)
+            spread = _Z90 * self.calibration.hardware_spread
+            extra = self.calibration.unseen_widening
+            low_log = np.where(unseen, -np.hypot(low_log, spread) - extra, low_log)
+            high_log = np.where(unseen, np.hypot(high_log, spread) + extra, high_log)
         memory = np.where(present, static + per_sample * b_int, 0.0) / GIB
         return {
             "step": step,
@@ -526,6 +540,25 @@ class PerformanceModel:
             "intra_bw": intra_bw,
             "inter_bw": np.where(total_nodes > 1, inter_bw, np.inf),
         }
+
+    def _unseen(
+        self, cand: CandidateArrays, cols: LinkColumns, present: np.ndarray
+    ) -> np.ndarray | None:
+        """Rows with a group on hardware the calibration never measured (an accelerator
+        and transport pair outside :attr:`Calibration.seen_hardware`); ``None`` when
+        the calibration has no widening for them."""
+        cal = self.calibration
+        if cal.unseen_widening <= 0.0 and cal.hardware_spread <= 0.0:
+            return None
+        if not cal.seen_hardware:
+            return None
+        unseen = np.zeros(present.shape, dtype=bool)
+        transports = np.asarray(cols.transport)
+        for name, mask in _distinct(np.asarray(cand.accelerator), present):
+            for k, transport in enumerate(TRANSPORTS):
+                if not cal.is_seen(name, transport):
+                    unseen |= mask & (transports == k)
+        return _row_max(unseen)
 
     def _bucket_layout(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
         """Bucket sizes in ready order and their ready time as a share of backward."""

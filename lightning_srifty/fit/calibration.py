@@ -786,6 +786,7 @@ def calibrate(
         fitted_on=tuple(sorted({g.model for g in groups})),
         rows=rows,
         sources=tuple(sources),
+        seen_hardware=seen_hardware(groups),
         metrics={
             "physics_median_ape": float(np.median(ape_own)),
             "physics_p90_ape": float(np.quantile(ape_own, 0.9)),
@@ -800,17 +801,106 @@ def calibrate_traces(
     *,
     gpu_specs: dict[str, GpuSpec] | None = None,
     learned: bool = True,
+    conformal: bool = True,
 ) -> Calibration:
-    """Calibration on the multi-GPU rows of named trace folders, with provenance."""
+    """Calibration on the multi-GPU rows of named trace folders, with provenance.
+
+    With several kinds of hardware (and ``conformal``), the interval on hardware the fit
+    never saw is widened by :func:`hardware_conformal_widening`.
+    """
     groups = [g for _, t in trace_sets for g in trace_groups(t)]
     sources = [trace_source(t, name) for name, t in trace_sets]
-    return calibrate(
+    calibration = calibrate(
         groups,
         hardware="; ".join(dict.fromkeys(t.hardware.describe() for _, t in trace_sets)),
         gpu_specs=gpu_specs,
         learned=learned,
         sources=sources,
     )
+    if conformal and len({t.hardware.fingerprint for _, t in trace_sets}) > 1:
+        spread, widening = hardware_conformal_widening(trace_sets, gpu_specs=gpu_specs)
+        calibration = replace(calibration, hardware_spread=spread, unseen_widening=widening)
+    return calibration
+
+
+def group_hardware(group: FitGroup) -> tuple[str, str]:
+    """(accelerator, inter-node transport) of a group's first row."""
+    links = group.candidates.links[int(group.candidates.link_index[0, 0])]
+    return str(group.candidates.accelerator[0, 0]), links.transport
+
+
+def seen_hardware(groups: Sequence[FitGroup]) -> tuple[tuple[str, str], ...]:
+    """The (accelerator, transport) pairs some group with rows was measured on."""
+    return tuple(sorted({group_hardware(g) for g in groups if g.size}))
+
+
+CONFORMAL_LEVEL = 0.8
+"""Share of a left-out kind of hardware's rows the widened 10-90 % interval must hold:
+its nominal coverage."""
+
+
+def hardware_conformal_widening(
+    trace_sets: Sequence[tuple[str, TraceSet]],
+    *,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+    level: float = CONFORMAL_LEVEL,
+) -> tuple[float, float]:
+    """``(hardware_spread, unseen_widening)`` from leaving one kind of hardware out.
+
+    Each kind of hardware in turn is left out: the calibration refitted on the others
+    (physics only, no widening of its own) predicts its multi-GPU rows. Two things are
+    read from the misses:
+
+    * where each left-out kind sits off the model as a whole (its median log ratio):
+      a new kind is one more draw, so the spread is the Student-t predictive spread of
+      these offsets (:func:`new_job_spread`), combined in quadrature with the interval;
+    * how far rows still fall outside that widened 10-90 % interval,
+      ``max(log(low/y), log(y/high), 0)`` (conformalised quantile regression, Romano
+      et al. 2019): the ``level`` quantile of these scores, every kind of hardware
+      weighing the same whatever its row count, is added to both ends.
+
+    With few kinds of hardware both are rough; they can only tell what the kinds seen
+    show.
+    """
+    by_kind: dict[str, list[tuple[str, TraceSet]]] = {}
+    for name, traces in trace_sets:
+        by_kind.setdefault(traces.hardware.fingerprint, []).append((name, traces))
+    if len(by_kind) < 2:
+        return 0.0, 0.0
+    specs = dict(gpu_specs or {})
+    left_out = []
+    for kind, held in by_kind.items():
+        others = [x for k, sets in by_kind.items() if k != kind for x in sets]
+        fitted = calibrate_traces(others, gpu_specs=specs, learned=False, conformal=False)
+        model = PerformanceModel(specs, fitted)
+        parts = []
+        for _, traces in held:
+            for group in trace_groups(traces):
+                if group.size:
+                    out = model.predict_batch(
+                        group.profile, group.candidates, local_batch=group.local_batch
+                    )
+                    parts.append((group.measured_s, out.step_s, out.low_s, out.high_s))
+        if parts:
+            left_out.append(tuple(np.concatenate([p[i] for p in parts]) for i in range(4)))
+    if not left_out:
+        return 0.0, 0.0
+    offsets = [float(np.median(np.log(y / step))) for y, step, _, _ in left_out]
+    spread = new_job_spread(offsets)
+    scores, weights = [], []
+    for y, step, low, high in left_out:
+        low_log = -np.hypot(np.log(step / np.maximum(low, 1e-12)), _Z90 * spread)
+        high_log = np.hypot(np.log(np.maximum(high, 1e-12) / step), _Z90 * spread)
+        below = np.log(step / y) + low_log
+        above = np.log(y / step) - high_log
+        scores.append(np.maximum(np.maximum(below, above), 0.0))
+        weights.append(np.full(y.size, 1.0 / y.size))
+    every = np.concatenate(scores)
+    weight = np.concatenate(weights)
+    order = np.argsort(every)
+    cumulative = np.cumsum(weight[order]) / weight.sum()
+    index = int(np.searchsorted(cumulative, level))
+    return spread, float(every[order][min(index, every.size - 1)])
 
 
 PROBE_PRIOR_SIGMA = 1.0
@@ -846,7 +936,8 @@ def refit_on_probes(
     the priors' centres (:func:`probe_priors`): constants the probe cannot identify are
     held at the calibration's value, the NCCL algorithm is kept. The probed jobs' terms
     replace their old ones for the probed instance types. The interval and the learned
-    correction are the calibration's. Used by ``srifty validate --protocol probed`` and
+    correction are the calibration's; the probed hardware counts as seen, so its
+    predictions lose the unseen-hardware widening. Used by ``srifty validate --protocol probed`` and
     by the launcher's probes alike.
     """
     usable = [g for g in groups if g.size > 0]
@@ -861,11 +952,13 @@ def refit_on_probes(
     )
     refitted = {(j.name, j.instance_type) for j in jobs}
     kept = tuple(j for j in calibration.jobs if (j.name, j.instance_type) not in refitted)
+    seen = tuple(sorted({*calibration.seen_hardware, *seen_hardware(usable)}))
     return replace(
         calibration,
         physics=physics,
         jobs=(*kept, *jobs),
         rows=calibration.rows + sum(g.size for g in usable),
+        seen_hardware=seen if calibration.seen_hardware else (),
     )
 
 

@@ -476,3 +476,26 @@ def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_socket
         (ClusterGroup(linked(alone, 4), 1, 4), ClusterGroup(linked(efa, 4, acc="V100"), 1, 4))
     )
     assert efa_mix.uses_efa
+
+
+def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:
+    cal = Calibration(
+        PHYS,
+        residual_low=-0.1,
+        residual_high=0.1,
+        seen_hardware=(("T4", "tcp"),),
+        hardware_spread=0.2,
+        unseen_widening=0.05,
+    )
+    model = PerformanceModel(SPECS, cal)
+    seen = model.predict(PROFILE, one_group(2, 1))
+    assert math.log(seen.high_s / seen.step_s) == pytest.approx(0.1)
+    assert math.log(seen.step_s / seen.low_s) == pytest.approx(0.1)
+    unseen = model.predict(PROFILE, one_group(2, 1, offer("V100", 4)))
+    # a whole new kind of hardware may sit off (in quadrature), plus the conformal margin
+    wide = math.hypot(0.1, 1.2816 * 0.2) + 0.05
+    assert math.log(unseen.high_s / unseen.step_s) == pytest.approx(wide)
+    assert math.log(unseen.step_s / unseen.low_s) == pytest.approx(wide)
+    # one GPU: no synchronisation, nothing the calibration's hardware could change
+    alone = model.predict(PROFILE, one_group(1, 1, offer("V100", 4)))
+    assert math.log(alone.high_s / alone.step_s) == pytest.approx(0.1)

@@ -23,9 +23,11 @@ from lightning_srifty.fit.calibration import (
     _export_gbr,
     analytic_predictions,
     calibrate,
+    calibrate_traces,
     fit_correction,
     fit_group,
     fit_physics,
+    hardware_conformal_widening,
     trace_groups,
 )
 from lightning_srifty.io.traces import TraceSet, load_traces
@@ -159,3 +161,29 @@ def test_the_fit_is_the_recipes_answer_not_the_optimisers_start(synthetic: Trace
     # what no row can tell is its prior exactly, not wherever the optimiser stopped
     for name in ("efa_efficiency", "ib_efficiency", "nvlink_efficiency", "nvlink_latency_s"):
         assert ours[name] == pytest.approx(PRIORS[name].centre, rel=1e-6)
+
+
+def test_leaving_a_kind_of_hardware_out_measures_how_far_a_new_one_sits(
+    tmp_path: object,
+) -> None:
+    from pathlib import Path
+
+    root = Path(str(tmp_path))
+    a = load_traces(write_synthetic_traces(root / "a", noise=0.02))
+    b = load_traces(
+        write_synthetic_traces(
+            root / "b", noise=0.02, seed=1, hardware_changes={"inter_node_gbps": 25}
+        )
+    )
+    # kind b is 40 % slower on every multi-GPU row than the physics says
+    for model in b.rows:
+        b = scaled(b, model, lambda r: r.replicas > 1, 1.4)
+    spread, widening = hardware_conformal_widening([("a", a), ("b", b)])
+    assert spread > 0.1 and widening >= 0.0
+    same, none = hardware_conformal_widening([("a", a), ("a2", a)])
+    assert (same, none) == (0.0, 0.0)  # one kind of hardware: nothing to leave out
+    cal = calibrate_traces([("a", a), ("b", b)], learned=False)
+    assert cal.hardware_spread == pytest.approx(spread) and cal.seen_hardware == (("T4", "tcp"),)
+    again = Calibration.from_dict(cal.to_dict())
+    assert again.hardware_spread == cal.hardware_spread
+    assert again.seen_hardware == cal.seen_hardware

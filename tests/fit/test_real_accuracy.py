@@ -52,6 +52,8 @@ def test_unseen_hardware_on_every_shared_set(
     median, p90 = UNSEEN[name]
     assert overall["median_ape"] <= median
     assert overall["p90_ape"] <= p90
+    # the 10-90 % interval must hold on hardware the fit never saw (measured 94, 77, 99 %)
+    assert overall["interval_coverage"] >= 0.7
 
 
 def test_leave_one_model_out_on_pollux(

@@ -4,9 +4,14 @@
    and ``gpu_specs.csv``, per precision, the measured throughput ratio (geometric mean
    over models, and the per-model spread), the ratio predicted by peak FLOP/s alone, by
    memory bandwidth alone and by the model's one compute-ratio function
-   (``core.catalog.device_time_ratio``: a fixed 50/50 roofline blend, not fitted), with
-   each prediction's error, the median absolute error and how often the pair is ranked
-   the right way round.
+   with datasheet peaks (``blend``: a fixed 50/50 roofline blend, the model before
+   achieved utilisation), and the model's one compute-ratio function
+   (``core.catalog.device_time_ratio``, ``achieved``: the matrix-product peak times its
+   generation's achieved utilisation) with the utilisation refitted *without the pair's
+   two GPUs* (``fit.gpu_utilisation``, leave-pair-out: a generation with no other GPU
+   in the table gets 1), with each prediction's error, the median absolute error and
+   how often the pair is ranked the right way round. The shipped utilisation table is
+   printed first.
 2. **The same six jobs on three GPUs** (pollux T4, sia A100 and Quadro RTX 6000): each
    set's single-GPU step at every local batch measured on another GPU, predicted by the
    performance model from the source set's single-GPU rows alone (its coarse profile on
@@ -25,8 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_srifty.core.catalog import PRECISIONS, peak_tflops, predicted_speed_ratio
+from lightning_srifty.core.catalog import (
+    COMPUTE_SHARE,
+    GPU_GENERATIONS,
+    PRECISIONS,
+    TENSOR_UTILISATION,
+    peak_tflops,
+    predicted_speed_ratio,
+)
 from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.fit.gpu_utilisation import fit_tensor_utilisation
 from lightning_srifty.fit.validation import single_gpu_transfer
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_gpu_specs
@@ -37,19 +50,41 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRACE_SETS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
 
 
+def left_out_utilisation(rows: list, specs: dict, fast: str, slow: str) -> float:  # type: ignore[type-arg]
+    """How the pair's predicted ratio moves when the utilisation is fitted without the
+    pair: the shipped table's factor undone, the left-out fit's applied."""
+    left = fit_tensor_utilisation(rows, specs, exclude=(fast, slow))
+
+    def factor(table: dict[str, float], gpu: str) -> float:
+        return table.get(GPU_GENERATIONS.get(gpu, ""), 1.0)
+
+    shipped = factor(TENSOR_UTILISATION, fast) / factor(TENSOR_UTILISATION, slow)
+    refit = factor(left, fast) / factor(left, slow)
+    return float((refit / shipped) ** COMPUTE_SHARE)
+
+
 def lambda_pairs(folder: Path) -> None:
     specs = load_gpu_specs()
     rows = load_lambda_benchmark(folder)
+    shipped = ", ".join(f"{g} {u:.2f}" for g, u in sorted(TENSOR_UTILISATION.items()))
+    print(f"achieved matrix-product utilisation per generation (shipped): {shipped}")
+    fitted = fit_tensor_utilisation(rows, specs)
+    print(
+        "the same refitted on every Lambda row: "
+        + ", ".join(f"{g} {u:.2f}" for g, u in sorted(fitted.items()))
+    )
     for precision in PRECISIONS:
         measured = {g: t for g, t in single_gpu_throughput(rows, precision).items() if g in specs}
         print(f"\n== {precision}, 1 GPU: {len(measured)} GPUs in both tables ==")
         header = (
             f"{'fast':<16}{'slow':<16}{'meas':>7}{'spread':>14}"
             f"{'flops':>7}{'err%':>6}{'bw':>7}{'err%':>6}{'blend':>7}{'err%':>6}"
+            f"{'achvd':>7}{'err%':>6}"
         )
         print(header)
-        errors: dict[str, list[float]] = {"flops": [], "bw": [], "blend": []}
-        agree: dict[str, int] = {"flops": 0, "bw": 0, "blend": 0}
+        kinds = ("flops", "bw", "blend", "achieved")
+        errors: dict[str, list[float]] = {k: [] for k in kinds}
+        agree: dict[str, int] = {k: 0 for k in kinds}
         pairs = 0
         for a, b in itertools.combinations(sorted(measured), 2):
             models = sorted(set(measured[a]) & set(measured[b]))
@@ -63,7 +98,14 @@ def lambda_pairs(folder: Path) -> None:
             predictions = {
                 "flops": peak_tflops(specs[fast], precision) / peak_tflops(specs[slow], precision),
                 "bw": specs[fast].mem_bw_gbps / specs[slow].mem_bw_gbps,
-                "blend": predicted_speed_ratio(specs[fast], specs[slow], precision),
+                "blend": math.sqrt(
+                    peak_tflops(specs[fast], precision)
+                    / peak_tflops(specs[slow], precision)
+                    * specs[fast].mem_bw_gbps
+                    / specs[slow].mem_bw_gbps
+                ),
+                "achieved": predicted_speed_ratio(specs[fast], specs[slow], precision)
+                * left_out_utilisation(rows, specs, fast, slow),
             }
             cells = []
             for name, predicted in predictions.items():

@@ -9,10 +9,14 @@ Prints, measured in this run:
    *other* sets only, for srifty (physics + learned correction), srifty physics alone
    and the baselines. This is what a user on hardware nobody calibrated gets.
 2. **lomo** and **scale-out** on each set (calibrated on the same hardware).
+   Then **probed**: the same calibration refitted on the rows a probe would measure
+   (at most 2 nodes of at most 2 GPUs, :func:`refit_on_probes`) and every other
+   multi-GPU row predicted.
 3. **Links**: for every trainable catalog instance type, two nodes all-reducing a
    256 MB gradient under the shipped default calibration: the effective network rate
    per node and the gradient's size over the all-reduce time (S/T) against 30 % of
-   ``min(NIC, 5 Gbps, one TCP flow's cap)``.
+   ``min(NIC, 5 Gbps, one TCP flow's cap)``; and the EFA types with a BERT-sized
+   gradient against their EFA bandwidth.
 4. The time of ``predict_batch`` on 500,000 candidates (the planner's budget).
 
 Baselines (per-model medians beside the pooled figure):
@@ -46,9 +50,10 @@ from lightning_srifty.fit.calibration import (
     calibrate,
     calibrate_traces,
     fit_group,
+    refit_on_probes,
     trace_groups,
 )
-from lightning_srifty.fit.validation import split_rows, two_node_network_rates
+from lightning_srifty.fit.validation import probe_revealed, split_rows, two_node_network_rates
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
 from lightning_srifty.io.traces import Measurement, TraceSet, load_traces
@@ -204,6 +209,23 @@ def unseen_hardware(
             errors,
         )
         summary[held] = pooled["srifty"]
+        # the same, after probes: rows of <= 2 nodes x <= 2 GPUs revealed and refitted on
+        revealed = [
+            fit_group(target, m, [r for r in rows if r.replicas > 1 and probe_revealed(r)])
+            for m, rows in target.rows.items()
+        ]
+        probed = refit_on_probes(cal, revealed, specs)
+        errors = {}
+        evaluate(
+            fit_sets,
+            target,
+            lambda m, t=target: [r for r in t.rows[m] if r.replicas > 1 and not probe_revealed(r)],
+            probed,
+            specs,
+            errors,
+        )
+        pooled = print_table(f"probed: {held}, the other rows", errors)
+        summary[f"{held} (probed)"] = pooled["srifty"]
     return summary
 
 
@@ -237,6 +259,17 @@ def link_floor(specs: dict[str, GpuSpec]) -> None:
         f"{sum(r.per_node_gbps < r.floor_gbps for r in rates)} below the floor (per-node "
         f"rate); {sum(r.algorithm_gbps < r.floor_gbps for r in rates)} below it counting S/T"
     )
+    bert = 440 * 1024**2  # BERT-large-ish fp32 gradient: about 110 M parameters x 4 bytes
+    print("\n=== EFA: 2 full nodes all-reducing bert's ~440 MiB (EFA = interfaces x card) ===")
+    print(f"{'type':<18}{'EFA Gbps':>9}{'per-node Gbps':>14}{'S/T Gbps':>10}{'S/T / EFA':>10}")
+    catalog = load_catalog("bundled")
+    for name in ("p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p6-b200.48xlarge"):
+        offer = catalog.offer(name)
+        (rate,) = two_node_network_rates(model, [offer], grad_bytes=bert)
+        links = offer.node_links
+        efa = links.nic_gbps if links.uses_efa else 0.0
+        share = f"{rate.algorithm_gbps / efa:10.0%}" if efa else f"{'(TCP)':>10}"
+        print(f"{name:<18}{efa:9.0f}{rate.per_node_gbps:14.0f}{rate.algorithm_gbps:10.0f}{share}")
 
 
 def time_predict_batch(traces: TraceSet, specs: dict[str, GpuSpec], n: int = 500_000) -> None:
@@ -282,7 +315,7 @@ def main() -> None:
         assert t.hardware.links is not None
         print(f"{name}: {t.hardware.describe()}; links {t.hardware.links.describe()}")
     summary = unseen_hardware(sets, specs, learned=not args.quick)
-    print("\n=== unseen hardware, srifty (targets: median <= 10 %, p90 <= 25 % each) ===")
+    print("\n=== unseen hardware and probed, srifty (targets: median <= 10 %, p90 <= 25 %) ===")
     for name, (median, p90) in summary.items():
         verdict = "met" if median <= 0.10 and p90 <= 0.25 else "missed"
         print(f"{name:<22} median {100 * median:5.1f} %  p90 {100 * p90:5.1f} %  {verdict}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -46,8 +47,11 @@ def source_name(folder: str, data_root: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from lightning_srifty.fit.calibration import (
         calibrate,
+        hardware_conformal_widening,
         profile_fit_groups,
         trace_groups,
         trace_source,
@@ -60,8 +64,10 @@ def run(args: argparse.Namespace) -> int:
     groups = []
     hardware = []
     sources = []
+    named = []
     for folder in args.traces:
         traces = load_traces(folder)
+        named.append((source_name(folder, args.data_root), traces))
         hardware.append(traces.hardware.describe())
         groups.extend(trace_groups(traces))
         sources.append(trace_source(traces, source_name(folder, args.data_root)))
@@ -75,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
         learned=not args.no_learned,
         sources=sources,
     )
+    if len({t.hardware.fingerprint for _, t in named}) > 1:
+        # how far off hardware nobody calibrated is: each kind left out in turn
+        spread, widening = hardware_conformal_widening(named)
+        calibration = replace(calibration, hardware_spread=spread, unseen_widening=widening)
     path = save_calibration(calibration, args.out)
     m = calibration.metrics
     trees = "kept" if calibration.correction is not None else "not kept (did not transfer)"
@@ -84,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
         f"{100 * m['physics_median_ape']:.1f}% (p90 {100 * m['physics_p90_ape']:.1f}%) with "
         f"each job's own terms, {100 * m['unseen_job_median_ape']:.1f}% "
         f"(p90 {100 * m['unseen_job_p90_ape']:.1f}%) scored as unseen jobs; learned "
-        f"correction {trees}; wrote {path}"
+        f"correction {trees}; on hardware it never saw a whole kind may sit "
+        f"{100 * math.expm1(calibration.hardware_spread):.0f}% off (one sigma) and the "
+        f"interval widens by {100 * math.expm1(calibration.unseen_widening):.0f}% more; "
+        f"wrote {path}"
     )
     print(differences(load_default_calibration().physics.to_json(), calibration.physics.to_json()))
     return 0

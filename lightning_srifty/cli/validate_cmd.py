@@ -17,8 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "rows from its single-GPU rows. scale-out: also calibrate on its single-node rows, "
         "predict its multi-node rows. unseen-hardware: predict every multi-GPU row from the "
         "single-GPU rows and the default calibration refitted without any row of this "
-        "folder's hardware (as is when the default never saw it). A predicted row never "
-        "enters the fit.",
+        "folder's hardware (as is when the default never saw it). probed: as unseen-hardware, "
+        "then refitted on the rows a probe measures (at most 2 nodes of at most 2 GPUs), "
+        "predicting every other multi-GPU row. A predicted row never enters the fit.",
     )
     p.add_argument("--traces", required=True, metavar="DIR", help="Pollux-format trace folder")
     p.add_argument("--protocol", required=True, choices=PROTOCOLS)
@@ -27,10 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--calibration",
         metavar="CAL.json",
-        help="unseen-hardware: start from this calibration instead of the default",
+        help="unseen-hardware, probed: start from this calibration instead of the default",
     )
     p.add_argument("--data-root", metavar="DIR",
-                   help="unseen-hardware: where the calibration's other trace sets are "
+                   help="unseen-hardware, probed: where the calibration's other trace sets are "
                    "(default $SRIFTY_SHARED_DATA or ../shared/data)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     traces = load_traces(args.traces)
     base = None
-    if args.protocol == "unseen-hardware":
+    if args.protocol in ("unseen-hardware", "probed"):
         base = calibration_or_default(args.calibration)
     results = cross_validate(
         traces,

@@ -378,8 +378,27 @@ class Calibration:
     rows: int = 0
     sources: tuple[FitSource, ...] = ()
     """The measurement sets (one per kind of hardware) the fit used: the provenance."""
+    seen_hardware: tuple[tuple[str, str], ...] = ()
+    """(accelerator, inter-node transport) pairs the fit's rows were measured on."""
+    hardware_spread: float = 0.0
+    """Spread (std of log ratio) of where a whole kind of hardware the fit never saw sits
+    off the model: a Student-t predictive spread of the leave-one-hardware-out offsets,
+    as :attr:`model_spread` is for jobs. Applies on hardware outside
+    :attr:`seen_hardware`."""
+    unseen_widening: float = 0.0
+    """How much wider (log units, each side) the 10-90 % interval is on hardware the fit
+    never saw (an (accelerator, transport) pair not in :attr:`seen_hardware`), on top of
+    :attr:`hardware_spread`: the conformal quantile of leave-one-hardware-out misses (see
+    :func:`lightning_srifty.fit.calibration.hardware_conformal_widening`). The row and
+    job spreads above were measured on the fit's own hardware; a new accelerator or
+    transport is off by more, and only leaving whole hardware out shows how much."""
     metrics: dict[str, float] = field(default_factory=dict, compare=False)
     schema_version: int = CALIBRATION_SCHEMA_VERSION
+
+    def is_seen(self, accelerator: str, transport: str) -> bool:
+        """Whether the fit measured this accelerator over this transport (or the
+        calibration records no hardware, as a hand-made one)."""
+        return not self.seen_hardware or (accelerator, transport) in self.seen_hardware
 
     def job(self, name: str | None, instance_type: str | None = None) -> JobTerms | None:
         """Job ``name``'s terms, ``None`` if its rows were not in the fit.
@@ -420,6 +439,9 @@ class Calibration:
             "residual_high": self.residual_high,
             "correction": self.correction.to_dict() if self.correction else None,
             "model_spread": self.model_spread,
+            "seen_hardware": [list(x) for x in self.seen_hardware],
+            "hardware_spread": self.hardware_spread,
+            "unseen_widening": self.unseen_widening,
             "metrics": dict(self.metrics),
         }
 
@@ -446,6 +468,11 @@ class Calibration:
         fitted = r.raw("fitted_on", [])
         if not isinstance(fitted, list) or not all(isinstance(x, str) for x in fitted):
             raise r.fail("fitted_on", "expected a list of model names")
+        seen = r.raw("seen_hardware", [])
+        if not isinstance(seen, list) or not all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x) for x in seen
+        ):
+            raise r.fail("seen_hardware", "expected a list of [accelerator, transport] pairs")
         low = r.float("residual_low")
         high = r.float("residual_high")
         if low > high:
@@ -461,6 +488,9 @@ class Calibration:
             fitted_on=tuple(fitted),
             rows=r.int("rows", 0, minimum=0),
             sources=tuple(FitSource.from_reader(x) for x in r.children("sources", [])),
+            seen_hardware=tuple((str(a), str(t)) for a, t in seen),
+            hardware_spread=r.float("hardware_spread", 0.0, minimum=0.0),
+            unseen_widening=r.float("unseen_widening", 0.0, minimum=0.0),
             metrics={str(k): float(v) for k, v in metrics.items()},
             schema_version=version,
         )

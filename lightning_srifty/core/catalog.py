@@ -454,6 +454,39 @@ TENSOR_CORE_MODULES = frozenset(
 FLOPs of any other module run at the CUDA-core FP32 rate."""
 
 
+GPU_GENERATIONS: dict[str, str] = {
+    "T4": "turing", "T4g": "turing", "RTX 2080 Ti": "turing", "Quadro RTX 8000": "turing",
+    "Quadro RTX 6000": "turing",
+    "V100": "volta", "V100-32GB": "volta",
+    "A10": "ampere", "A10G": "ampere", "A100": "ampere", "A100-80GB": "ampere",
+    "A100-80GB-PCIE": "ampere", "RTX 3090": "ampere", "RTX A6000": "ampere", "A40": "ampere",
+    "L4": "ada", "L40S": "ada", "RTX 4090": "ada", "RTX 6000 Ada": "ada",
+    "H100": "hopper", "H100-PCIE": "hopper", "H200": "hopper",
+    "B200": "blackwell",
+}  # fmt: skip
+"""NVIDIA architecture of every GPU in ``gpu_specs.csv`` (NVIDIA's datasheets name it:
+Turing TU10x, Volta GV100, Ampere GA10x, Ada AD10x, Hopper GH100, Blackwell GB100)."""
+TENSOR_UTILISATION: dict[str, float] = {
+    "ada": 1.24,
+    "ampere": 1.13,
+    "hopper": 0.61,
+    "turing": 1.16,
+    "volta": 1.01,
+}
+"""Achieved matrix-product utilisation per generation, relative to the others (a
+generation not listed: 1). The output of
+:func:`lightning_srifty.fit.gpu_utilisation.fit_tensor_utilisation` on Lambda's
+benchmark (``tests/fit/test_gpu_utilisation.py`` checks that it reproduces): Hopper
+reaches about half the share of its datasheet peak that Ampere does."""
+
+
+def achieved_tflops(spec: GpuSpec, precision: str) -> float:
+    """The matrix-product rate training reaches, relatively: the datasheet peak
+    (:func:`peak_tflops`) times its generation's :data:`TENSOR_UTILISATION`."""
+    generation = GPU_GENERATIONS.get(spec.name, "")
+    return peak_tflops(spec, precision) * TENSOR_UTILISATION.get(generation, 1.0)
+
+
 def precision_kind(precision: str) -> str:
     """``"fp16"`` for 16-bit training (``16-mixed``, ``bf16-mixed``, ``16-true``...),
     ``"fp32"`` otherwise (``32-true``, ``tf32``, ``64-true``)."""
@@ -483,14 +516,15 @@ def device_time_ratio(
     """Device time on ``target`` over device time on ``source`` from published peaks.
 
     The one compute ratio of the model: a training step is partly compute-bound and
-    partly memory-bound, so the ratio is the geometric blend of the peak-FLOP/s ratio
-    and the memory-bandwidth ratio, weighted by ``compute_share`` (1 = purely
+    partly memory-bound, so the ratio is the geometric blend of the achieved-FLOP/s
+    ratio (:func:`achieved_tflops`: the peak times its generation's utilisation) and
+    the memory-bandwidth ratio, weighted by ``compute_share`` (1 = purely
     compute-bound). Host time (data loading, launches) is not in it: callers keep it as
     measured.
     """
     if not 0.0 <= compute_share <= 1.0:
         raise ValueError(f"compute_share {compute_share} is outside 0..1")
-    flops_ratio = peak_tflops(source, precision) / peak_tflops(target, precision)
+    flops_ratio = achieved_tflops(source, precision) / achieved_tflops(target, precision)
     bandwidth_ratio = source.mem_bw_gbps / target.mem_bw_gbps
     return float(flops_ratio**compute_share * bandwidth_ratio ** (1.0 - compute_share))
 
@@ -513,16 +547,17 @@ def layer_time_ratio(
 ) -> float | None:
     """Time of one layer on ``target`` over ``source`` by the roofline regime it sits in.
 
-    A layer takes ``max(flops / peak, bytes / bandwidth)``: a matmul-bound layer scales
-    by the tensor-core peak ratio, a memory-bound one (normalisation, activations,
+    A layer takes ``max(flops / rate, bytes / bandwidth)``: a matmul-bound layer scales
+    by the ratio of achieved tensor-core rates (peak times the generation's
+    :data:`TENSOR_UTILISATION`), a memory-bound one (normalisation, activations,
     embeddings) by the bandwidth ratio; the FLOPs of modules that are not matrix
     products run at the CUDA-core FP32 rate. ``None`` when the layer has neither.
     """
     if flops <= 0 and moved_bytes <= 0:
         return None
     matmul = module_type in TENSOR_CORE_MODULES
-    peak_s = (peak_tflops(source, precision) if matmul else source.fp32_tflops) * 1e12
-    peak_t = (peak_tflops(target, precision) if matmul else target.fp32_tflops) * 1e12
+    peak_s = (achieved_tflops(source, precision) if matmul else source.fp32_tflops) * 1e12
+    peak_t = (achieved_tflops(target, precision) if matmul else target.fp32_tflops) * 1e12
     bw_s, bw_t = source.mem_bw_gbps * 1e9, target.mem_bw_gbps * 1e9
     before = max(flops / peak_s, moved_bytes / bw_s)
     after = max(flops / peak_t, moved_bytes / bw_t)

@@ -47,9 +47,9 @@ from lightning_srifty.core.calibration import (
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
 from lightning_srifty.core.catalog import (
     GpuSpec,
+    achieved_tflops,
     device_time_ratio,
     layer_time_ratio,
-    peak_tflops,
 )
 from lightning_srifty.core.cluster import Cluster
 from lightning_srifty.core.comm import (
@@ -62,7 +62,12 @@ from lightning_srifty.core.comm import (
     simulate_overlap,
 )
 from lightning_srifty.core.errors import PredictionError
-from lightning_srifty.core.links import TRANSPORTS, inter_node_bytes_s, intra_node_bytes_s
+from lightning_srifty.core.links import (
+    TRANSPORTS,
+    LinkColumns,
+    inter_node_bytes_s,
+    intra_node_bytes_s,
+)
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.trees import cell_codes
 
@@ -285,7 +290,7 @@ class PerformanceModel:
         precision = profile.environment.precision
         src = self.gpu_specs.get(source)
         if src is None:
-            peak_t = peak_tflops(target, precision) * 1e12
+            peak_t = achieved_tflops(target, precision) * 1e12
             return self._absolute_roofline_ratio(profile, peak_t, target.mem_bw_gbps * 1e9)
         whole = device_time_ratio(src, target, precision)
         layers = [x for x in profile.layers if x.forward_s + x.backward_s > 0]
@@ -515,6 +520,7 @@ class PerformanceModel:
         low_log = np.full(n, -np.hypot(min(self.calibration.residual_low, 0.0), shift))
         high_log = np.full(n, np.hypot(max(self.calibration.residual_high, 0.0), shift))
         correction = self.calibration.correction
+        widen = self._unseen(cand, cols, present)
         if correction is not None:
             multi = (world > 1) & np.isfinite(step)
             if multi.any():
@@ -528,6 +534,14 @@ class PerformanceModel:
                 low_log[multi] = -np.hypot(np.minimum(lo - mid, 0.0), shift)
                 high_log[multi] = np.hypot(np.maximum(hi - mid, 0.0), shift)
                 step = step * scale
+        if widen is not None:
+            # a whole new kind of hardware may sit off the model (in quadrature), and
+            # leaving hardware out showed how much further rows still fall (added)
+            unseen = widen & (world > 1)
+            spread = _Z90 * self.calibration.hardware_spread
+            extra = self.calibration.unseen_widening
+            low_log = np.where(unseen, -np.hypot(low_log, spread) - extra, low_log)
+            high_log = np.where(unseen, np.hypot(high_log, spread) + extra, high_log)
         memory = np.where(present, static + per_sample * b_int, 0.0) / GIB
         return {
             "step": step,
@@ -546,6 +560,25 @@ class PerformanceModel:
             "intra_bw": intra_bw,
             "inter_bw": np.where(total_nodes > 1, inter_bw, np.inf),
         }
+
+    def _unseen(
+        self, cand: CandidateArrays, cols: LinkColumns, present: np.ndarray
+    ) -> np.ndarray | None:
+        """Rows with a group on hardware the calibration never measured (an accelerator
+        and transport pair outside :attr:`Calibration.seen_hardware`); ``None`` when
+        the calibration has no widening for them."""
+        cal = self.calibration
+        if cal.unseen_widening <= 0.0 and cal.hardware_spread <= 0.0:
+            return None
+        if not cal.seen_hardware:
+            return None
+        unseen = np.zeros(present.shape, dtype=bool)
+        transports = np.asarray(cols.transport)
+        for name, mask in _distinct(np.asarray(cand.accelerator), present):
+            for k, transport in enumerate(TRANSPORTS):
+                if not cal.is_seen(name, transport):
+                    unseen |= mask & (transports == k)
+        return _row_max(unseen)
 
     def _bucket_layout(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:
         """Bucket sizes in ready order and their ready time as a share of backward."""

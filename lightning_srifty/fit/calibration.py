@@ -12,7 +12,11 @@ Two stages:
    depend on the job get deviations with a Gaussian prior (a mixed-effects model):
    where its gradients become ready (per job, on any hardware) and how much sharing a
    node slows it (per job and hardware). The hardware constants are thus the centre
-   of the jobs seen, which is what a job never seen gets.
+   of the jobs seen, which is what a job never seen gets. The fit is deterministic
+   (fixed start at the priors, tight tolerances) and holds at its prior every constant
+   the rows cannot identify, so the shipped calibration is reproduced by its recipe.
+   :func:`refit_on_probes` runs the same fit on probe rows of new hardware, centred
+   on an existing calibration.
 2. **Learned correction** (:func:`fit_correction`): scikit-learn gradient-boosted trees
    on transferable features predict the remaining multiplicative residual, two
    quantile models (0.1/0.9) the interval, kept only if they help jobs left out of
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -166,7 +170,6 @@ SYNC_WEIGHT = 1.0
 """Weight of the measured gradient-synchronisation time, where rows have it: the
 exposed communication is fitted to it and the compute to ``step - sync``, which
 separates the two better than the step time alone."""
-FTOL = 1e-4
 QUANTILES = (0.1, 0.9)
 _Z90 = 1.2816
 MIN_ROWS_FOR_TREES = 50
@@ -255,11 +258,12 @@ def analytic_predictions(
     ]
 
 
-def _to_vector(physics: PhysicsConstants) -> np.ndarray:
+def _to_vector(physics: PhysicsConstants, priors: Mapping[str, Prior] | None = None) -> np.ndarray:
     values = physics.to_dict()
+    table = priors or PRIORS
     out = []
     for name in _NAMES:
-        p = PRIORS[name]
+        p = table[name]
         out.append(math.log(min(max(values[name], p.low * 1.0001), p.high * 0.9999)))
     return np.asarray(out)
 
@@ -362,6 +366,10 @@ def fit_physics(
     groups: Sequence[FitGroup],
     gpu_specs: dict[str, GpuSpec] | None = None,
     start: PhysicsConstants | None = None,
+    *,
+    priors: Mapping[str, Prior] | None = None,
+    hold_unidentified: bool = True,
+    algorithms: Sequence[str] = INTER_ALGORITHMS,
 ) -> tuple[PhysicsConstants, tuple[JobTerms, ...]]:
     """Hardware constants and every job's own terms, in one mixed-effects fit.
 
@@ -369,19 +377,101 @@ def fit_physics(
     rows carry it, the exposed communication against the measured sync time and the
     compute against ``step - sync``. Each (job, hardware) group weighs the same
     (:data:`GROUP_EFFECTIVE_ROWS`); the hardware constants are pulled towards their
-    :data:`PRIORS` (weakly: they matter only where no row informs a constant); a
-    job's own terms are deviations from the hardware value with a Gaussian prior
-    (:data:`JOB_PRIOR_SIGMA`).
-    """
-    from scipy.optimize import least_squares  # lazy: only fitting needs scipy
-    from scipy.sparse import lil_matrix
+    ``priors`` (:data:`PRIORS` unless given); a job's own terms are deviations from the
+    hardware value with a Gaussian prior (:data:`JOB_PRIOR_SIGMA`).
 
+    The answer is the recipe's, not the optimiser's: every fit starts from the priors'
+    centres (or ``start``), runs to tight tolerances, and a constant the rows cannot
+    identify (the data shrink its prior spread by less than :data:`HOLD_SHRINK`, and
+    they accept its prior value, :data:`HOLD_COST`) is held at its prior and the rest
+    refitted, so a flat valley of the fit never leaves a constant wherever the
+    optimiser happened to stop. ``hold_unidentified=False`` skips the holding. NCCL's
+    inter-node algorithm is ``"ring"`` unless ``"tree"`` fits clearly better
+    (:data:`ALGORITHM_MARGIN`).
+    """
     usable = [g for g in groups if g.size > 0]
     if not usable:
         raise CalibrationError("no multi-GPU rows to calibrate from")
+    table = dict(priors or PRIORS)
     specs = dict(gpu_specs or {})
+    held: dict[str, float] = {}
+    first = start or PhysicsConstants(
+        **{n: table[n].centre for n in _NAMES},  # type: ignore[arg-type]
+    )
+    # NCCL's ring first; the other algorithms start from its answer with its holds (and
+    # any of their own), and must beat it clearly
+    outcome = _fit_held(usable, specs, table, first, held, algorithms[0], hold_unidentified)
+    for algorithm in algorithms[1:]:
+        other = _fit_held(
+            usable, specs, table, outcome.physics, dict(held), algorithm, hold_unidentified
+        )
+        if other.cost < outcome.cost * (1.0 - ALGORITHM_MARGIN):
+            outcome = other
+    return outcome.physics, outcome.jobs
+
+
+def _fit_held(
+    usable: Sequence[FitGroup],
+    specs: dict[str, GpuSpec],
+    table: Mapping[str, Prior],
+    start: PhysicsConstants,
+    held: dict[str, float],
+    algorithm: str,
+    hold_unidentified: bool,
+) -> _Outcome:
+    """Fits, holds what the rows cannot identify at its prior, refits until none is left
+    (``held`` grows in place)."""
+    while True:
+        outcome = _fit_once(usable, specs, table, start, held, algorithm)
+        newly = [n for n in outcome.unidentified if n not in held] if hold_unidentified else []
+        if not newly:
+            return outcome
+        held.update({n: table[n].centre for n in newly})
+        # the next round starts where this one ended: the held constants alone move
+        start = outcome.physics
+
+
+HOLD_SHRINK = 0.5
+"""A constant is identified when the rows shrink its prior spread (standard deviation)
+to less than this share; otherwise the fit holds it at its prior, provided the rows
+accept the prior value (:data:`HOLD_COST`)."""
+HOLD_COST = 1.0
+"""How much the robust cost may grow when the unidentified constants are moved to their
+priors together, the others left where they are (1 = two units of chi-square: within
+about 1.4 standard deviations)."""
+ALGORITHM_MARGIN = 0.01
+"""Share by which the tree's fit must beat the ring's (robust cost) to be chosen: the
+ring is NCCL's choice for the large messages that dominate a gradient, and a near tie
+must not flip with the platform's rounding."""
+FIT_TOL = 1e-10
+FIT_MAX_NFEV = 400
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    physics: PhysicsConstants
+    jobs: tuple[JobTerms, ...]
+    cost: float
+    unidentified: tuple[str, ...]
+    """Free hardware constants whose prior spread the rows shrank by too little."""
+
+
+def _fit_once(
+    usable: Sequence[FitGroup],
+    specs: dict[str, GpuSpec],
+    table: Mapping[str, Prior],
+    start: PhysicsConstants,
+    held: Mapping[str, float],
+    algorithm: str,
+) -> _Outcome:
+    """One robust MAP fit with ``held`` constants fixed at their values."""
+    from scipy.optimize import least_squares  # lazy: only fitting needs scipy
+    from scipy.sparse import lil_matrix
+
     layout = _layout(usable)
     hw = layout.hardware_size
+    free = np.asarray([n not in held for n in _NAMES])
+    nfree = int(free.sum())
     weights = [math.sqrt(GROUP_EFFECTIVE_ROWS / g.size) / ROW_SIGMA for g in usable]
     own_columns = []
     for g in usable:
@@ -389,16 +479,26 @@ def fit_physics(
         coloc = layout.colocation_index(g.model, g.instance_type)
         if coloc is not None:
             cols.append(coloc)
-        own_columns.append(cols)
-    centres = np.log([PRIORS[n].centre for n in _NAMES])
+        own_columns.append([c - hw + nfree for c in cols])
+    centres = np.log([table[n].centre for n in _NAMES])
     # a hardware term that jobs deviate from is the centre of those jobs, not a prior's
     covered = {t for terms in layout.job_terms for t in terms}
     if layout.colocated:
         covered.add("colocation_slowdown")
-    sigmas = np.asarray([np.inf if n in covered else PRIORS[n].sigma for n in _NAMES])
+    sigmas = np.asarray([np.inf if n in covered else table[n].sigma for n in _NAMES])
+    lows = np.log([table[n].low for n in _NAMES])
+    highs = np.log([table[n].high for n in _NAMES])
+    base = _to_vector(start, table)
+    for n, value in held.items():
+        base[_NAMES.index(n)] = math.log(min(max(value, table[n].low), table[n].high))
+
+    def full(x: np.ndarray) -> np.ndarray:
+        hw_x = base.copy()
+        hw_x[free] = x[:nfree]
+        return np.concatenate([hw_x, x[nfree:]])
 
     def residuals(x: np.ndarray, algorithm: str) -> np.ndarray:
-        physics, terms = layout.unpack(x, algorithm)
+        physics, terms = layout.unpack(full(x), algorithm)
         parts = []
         for g, w in zip(usable, weights, strict=True):
             phys = physics.for_job(_terms_for(terms, g))
@@ -411,43 +511,34 @@ def fit_physics(
                 own = np.maximum(out["mean_compute"], 1e-12)
                 parts.append(w * SYNC_WEIGHT * (out["step"] - own - g.sync_s) / g.measured_s)
                 parts.append(w * SYNC_WEIGHT * np.log(own / compute_measured))
-        parts.append((x[:hw] - centres) / sigmas)
-        parts.append(x[hw:] / JOB_PRIOR_SIGMA)
+        parts.append((x[:nfree] - centres[free]) / sigmas[free])
+        parts.append(x[nfree:] / JOB_PRIOR_SIGMA)
         return np.concatenate(parts)
 
     # Sparsity: hardware constants touch every residual, a job's terms only its rows.
+    size = nfree + layout.size - hw
     n_data = sum(g.size * (3 if g.sync_s is not None else 1) for g in usable)
-    sparsity = lil_matrix((n_data + layout.size, layout.size), dtype=np.int8)
-    sparsity[:n_data, :hw] = 1
+    sparsity = lil_matrix((n_data + size, size), dtype=np.int8)
+    sparsity[:n_data, :nfree] = 1
     row = 0
     for g, cols in zip(usable, own_columns, strict=True):
         span = g.size * (3 if g.sync_s is not None else 1)
         for c in cols:
             sparsity[row : row + span, c] = 1
         row += span
-    for k in range(layout.size):
+    for k in range(size):
         sparsity[n_data + k, k] = 1
 
-    lower = np.concatenate(
-        [np.log([PRIORS[n].low for n in _NAMES]), np.full(layout.size - hw, -np.inf)]
-    )
-    upper = np.concatenate(
-        [np.log([PRIORS[n].high for n in _NAMES]), np.full(layout.size - hw, np.inf)]
-    )
-    guess = np.concatenate([_to_vector(start or PhysicsConstants()), np.zeros(layout.size - hw)])
-    best: Any = None
-    best_algorithm = "ring"
-    for algorithm in INTER_ALGORITHMS:
-        # the alternatives start from the first one's answer: most constants agree
-        start_x = guess if best is None else np.clip(best.x, lower + 1e-9, upper - 1e-9)
-        result = least_squares(
-            residuals, start_x, bounds=(lower, upper), loss="soft_l1", f_scale=1.0,
-            max_nfev=200 if best is None else 60, args=(algorithm,), jac_sparsity=sparsity,
-            ftol=FTOL, xtol=FTOL,
-        )  # fmt: skip
-        if best is None or result.cost < best.cost:
-            best, best_algorithm = result, algorithm
-    physics, terms = layout.unpack(best.x, best_algorithm)
+    lower = np.concatenate([lows[free], np.full(layout.size - hw, -np.inf)])
+    upper = np.concatenate([highs[free], np.full(layout.size - hw, np.inf)])
+    guess = np.concatenate([base[free], np.zeros(layout.size - hw)])
+    guess = np.clip(guess, lower + 1e-9, upper - 1e-9)
+    best = least_squares(
+        residuals, guess, bounds=(lower, upper), loss="soft_l1", f_scale=1.0,
+        max_nfev=FIT_MAX_NFEV, args=(algorithm,), jac_sparsity=sparsity,
+        ftol=FIT_TOL, xtol=FIT_TOL, gtol=FIT_TOL,
+    )  # fmt: skip
+    physics, terms = layout.unpack(full(best.x), algorithm)
     # a job's terms count the rows of its hardware, or all its rows where they are shared
     sized = tuple(
         replace(
@@ -460,7 +551,52 @@ def fit_physics(
         )
         for t in terms
     )
-    return physics, sized
+    names = [n for n in _NAMES if n not in held]
+    shrink = _posterior_shrink(best.jac, n_data, nfree, [table[n].sigma for n in names])
+    at_bound = (best.x[:nfree] <= lower[:nfree] + 1e-6) | (best.x[:nfree] >= upper[:nfree] - 1e-6)
+    # flat where it stopped is not enough: the rows must also accept the prior values,
+    # all of them at once (a tiny co-location slowdown is flat in log space, yet rows
+    # reject a large one; two latencies each harmless alone may not be together)
+    candidates = [i for i in range(nfree) if shrink[i] > HOLD_SHRINK and not at_bound[i]]
+
+    def cost_with_priors(indices: Sequence[int]) -> float:
+        moved = best.x.copy()
+        for i in indices:
+            moved[i] = centres[_NAMES.index(names[i])]
+        return _robust_cost(residuals(moved, algorithm)) - float(best.cost)
+
+    alone = sorted(candidates, key=lambda i: (cost_with_priors([i]), i))
+    chosen: list[int] = []
+    for i in alone:
+        if cost_with_priors([*chosen, i]) <= HOLD_COST:
+            chosen.append(i)
+    unidentified = [names[i] for i in sorted(chosen)]
+    return _Outcome(physics, sized, float(best.cost), tuple(unidentified))
+
+
+def _robust_cost(residuals: np.ndarray) -> float:
+    """``least_squares``'s cost with ``loss="soft_l1"``: ``sum(sqrt(1 + r²) - 1)``."""
+    return float(np.sum(np.sqrt(1.0 + np.square(residuals)) - 1.0))
+
+
+def _posterior_shrink(
+    jac: Any, n_data: int, nfree: int, prior_sigmas: Sequence[float]
+) -> np.ndarray:
+    """Posterior over prior standard deviation of each free hardware constant.
+
+    The information of the rows (``JᵀJ`` of the weighted data residuals, job terms
+    marginalised through their own priors) plus each constant's prior information,
+    inverted: what the fit knows about the constant with every correlated constant and
+    job term free to move. 1 means the rows taught nothing.
+    """
+    dense = jac.toarray() if hasattr(jac, "toarray") else np.asarray(jac)
+    data = dense[:n_data]
+    info = data.T @ data
+    prior = np.zeros(info.shape[0])
+    prior[:nfree] = 1.0 / np.square(np.asarray(prior_sigmas, dtype=np.float64))
+    prior[nfree:] = 1.0 / JOB_PRIOR_SIGMA**2
+    cov = np.linalg.pinv(info + np.diag(prior), hermitian=True)
+    return np.sqrt(np.maximum(np.diag(cov)[:nfree], 0.0)) * np.sqrt(prior[:nfree])
 
 
 def _export_gbr(estimator: Any, sample: np.ndarray) -> TreeEnsemble:
@@ -650,6 +786,7 @@ def calibrate(
         fitted_on=tuple(sorted({g.model for g in groups})),
         rows=rows,
         sources=tuple(sources),
+        seen_hardware=seen_hardware(groups),
         metrics={
             "physics_median_ape": float(np.median(ape_own)),
             "physics_p90_ape": float(np.quantile(ape_own, 0.9)),
@@ -664,16 +801,164 @@ def calibrate_traces(
     *,
     gpu_specs: dict[str, GpuSpec] | None = None,
     learned: bool = True,
+    conformal: bool = True,
 ) -> Calibration:
-    """Calibration on the multi-GPU rows of named trace folders, with provenance."""
+    """Calibration on the multi-GPU rows of named trace folders, with provenance.
+
+    With several kinds of hardware (and ``conformal``), the interval on hardware the fit
+    never saw is widened by :func:`hardware_conformal_widening`.
+    """
     groups = [g for _, t in trace_sets for g in trace_groups(t)]
     sources = [trace_source(t, name) for name, t in trace_sets]
-    return calibrate(
+    calibration = calibrate(
         groups,
         hardware="; ".join(dict.fromkeys(t.hardware.describe() for _, t in trace_sets)),
         gpu_specs=gpu_specs,
         learned=learned,
         sources=sources,
+    )
+    if conformal and len({t.hardware.fingerprint for _, t in trace_sets}) > 1:
+        spread, widening = hardware_conformal_widening(trace_sets, gpu_specs=gpu_specs)
+        calibration = replace(calibration, hardware_spread=spread, unseen_widening=widening)
+    return calibration
+
+
+def group_hardware(group: FitGroup) -> tuple[str, str]:
+    """(accelerator, inter-node transport) of a group's first row."""
+    links = group.candidates.links[int(group.candidates.link_index[0, 0])]
+    return str(group.candidates.accelerator[0, 0]), links.transport
+
+
+def seen_hardware(groups: Sequence[FitGroup]) -> tuple[tuple[str, str], ...]:
+    """The (accelerator, transport) pairs some group with rows was measured on."""
+    return tuple(sorted({group_hardware(g) for g in groups if g.size}))
+
+
+CONFORMAL_LEVEL = 0.8
+"""Share of a left-out kind of hardware's rows the widened 10-90 % interval must hold:
+its nominal coverage."""
+
+
+def hardware_conformal_widening(
+    trace_sets: Sequence[tuple[str, TraceSet]],
+    *,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+    level: float = CONFORMAL_LEVEL,
+) -> tuple[float, float]:
+    """``(hardware_spread, unseen_widening)`` from leaving one kind of hardware out.
+
+    Each kind of hardware in turn is left out: the calibration refitted on the others
+    (physics only, no widening of its own) predicts its multi-GPU rows. Two things are
+    read from the misses:
+
+    * where each left-out kind sits off the model as a whole (its median log ratio):
+      a new kind is one more draw, so the spread is the Student-t predictive spread of
+      these offsets (:func:`new_job_spread`), combined in quadrature with the interval;
+    * how far rows still fall outside that widened 10-90 % interval,
+      ``max(log(low/y), log(y/high), 0)`` (conformalised quantile regression, Romano
+      et al. 2019): the ``level`` quantile of these scores, every kind of hardware
+      weighing the same whatever its row count, is added to both ends.
+
+    With few kinds of hardware both are rough; they can only tell what the kinds seen
+    show.
+    """
+    by_kind: dict[str, list[tuple[str, TraceSet]]] = {}
+    for name, traces in trace_sets:
+        by_kind.setdefault(traces.hardware.fingerprint, []).append((name, traces))
+    if len(by_kind) < 2:
+        return 0.0, 0.0
+    specs = dict(gpu_specs or {})
+    left_out = []
+    for kind, held in by_kind.items():
+        others = [x for k, sets in by_kind.items() if k != kind for x in sets]
+        fitted = calibrate_traces(others, gpu_specs=specs, learned=False, conformal=False)
+        model = PerformanceModel(specs, fitted)
+        parts = []
+        for _, traces in held:
+            for group in trace_groups(traces):
+                if group.size:
+                    out = model.predict_batch(
+                        group.profile, group.candidates, local_batch=group.local_batch
+                    )
+                    parts.append((group.measured_s, out.step_s, out.low_s, out.high_s))
+        if parts:
+            left_out.append(tuple(np.concatenate([p[i] for p in parts]) for i in range(4)))
+    if not left_out:
+        return 0.0, 0.0
+    offsets = [float(np.median(np.log(y / step))) for y, step, _, _ in left_out]
+    spread = new_job_spread(offsets)
+    scores, weights = [], []
+    for y, step, low, high in left_out:
+        low_log = -np.hypot(np.log(step / np.maximum(low, 1e-12)), _Z90 * spread)
+        high_log = np.hypot(np.log(np.maximum(high, 1e-12) / step), _Z90 * spread)
+        below = np.log(step / y) + low_log
+        above = np.log(y / step) - high_log
+        scores.append(np.maximum(np.maximum(below, above), 0.0))
+        weights.append(np.full(y.size, 1.0 / y.size))
+    every = np.concatenate(scores)
+    weight = np.concatenate(weights)
+    order = np.argsort(every)
+    cumulative = np.cumsum(weight[order]) / weight.sum()
+    index = int(np.searchsorted(cumulative, level))
+    return spread, float(every[order][min(index, every.size - 1)])
+
+
+PROBE_PRIOR_SIGMA = 1.0
+"""Prior spread (log units) of a hardware constant around the calibration's value when
+probes on new hardware refit it: a transport's efficiency on one cluster says only
+roughly what it is on another, so a probe's rows may move it far (a factor e at one
+sigma); what they cannot identify stays as calibrated."""
+
+
+def probe_priors(physics: PhysicsConstants, sigma: float = PROBE_PRIOR_SIGMA) -> dict[str, Prior]:
+    """:data:`PRIORS` re-centred on a calibration's constants, for a refit on new rows."""
+    values = physics.to_dict()
+    out = {}
+    for name in _NAMES:
+        p = PRIORS[name]
+        centre = min(max(values[name], p.low * 1.0001), p.high * 0.9999)
+        out[name] = Prior(p.low, p.high, centre, sigma, f"calibrated value ({p.source})")
+    return out
+
+
+def refit_on_probes(
+    calibration: Calibration,
+    groups: Sequence[FitGroup],
+    gpu_specs: dict[str, GpuSpec] | None = None,
+) -> Calibration:
+    """``calibration`` refitted to probe measurements of the hardware it will predict.
+
+    A probe is a short run of the job at one and two nodes of one or two GPUs on a
+    candidate instance type. Its rows (``groups``, one per job and hardware) refit the
+    hardware constants (transport efficiencies and latencies: the effective link rates
+    of that hardware; co-location; per-step costs) and each probed job's own terms, in
+    the same mixed-effects fit as :func:`fit_physics`, with the calibration's values as
+    the priors' centres (:func:`probe_priors`): constants the probe cannot identify are
+    held at the calibration's value, the NCCL algorithm is kept. The probed jobs' terms
+    replace their old ones for the probed instance types. The interval and the learned
+    correction are the calibration's; the probed hardware counts as seen, so its
+    predictions lose the unseen-hardware widening. Used by ``srifty validate --protocol probed`` and
+    by the launcher's probes alike.
+    """
+    usable = [g for g in groups if g.size > 0]
+    if not usable:
+        return calibration
+    physics, jobs = fit_physics(
+        usable,
+        gpu_specs,
+        calibration.physics,
+        priors=probe_priors(calibration.physics),
+        algorithms=(calibration.physics.inter_algorithm,),
+    )
+    refitted = {(j.name, j.instance_type) for j in jobs}
+    kept = tuple(j for j in calibration.jobs if (j.name, j.instance_type) not in refitted)
+    seen = tuple(sorted({*calibration.seen_hardware, *seen_hardware(usable)}))
+    return replace(
+        calibration,
+        physics=physics,
+        jobs=(*kept, *jobs),
+        rows=calibration.rows + sum(g.size for g in usable),
+        seen_hardware=seen if calibration.seen_hardware else (),
     )
 
 

@@ -10,6 +10,11 @@ A predicted row never enters the fit that predicts it:
   single-GPU rows and the shipped default calibration refitted **without any row of
   the folder's hardware** (recognised by its fingerprint). A folder whose hardware was
   never in the default's data uses the default as it is.
+* ``probed``: as ``unseen-hardware``, then the rows a probe would measure on the
+  folder's hardware (at most :data:`PROBE_MAX_NODES` nodes of at most
+  :data:`PROBE_MAX_GPUS_PER_NODE` GPUs) refit the calibration
+  (:func:`~lightning_srifty.fit.calibration.refit_on_probes`), and every other
+  multi-GPU row is predicted.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from lightning_srifty.fit.calibration import (
     calibrate,
     calibrate_traces,
     fit_group,
+    refit_on_probes,
     trace_groups,
 )
 from lightning_srifty.io.traces import Measurement, TraceSet, coarse_profile, load_traces
@@ -148,6 +154,38 @@ def unseen_hardware_calibration(
     return calibrate_traces(loaded, gpu_specs=gpu_specs, learned=learned), [n for n, _ in loaded]
 
 
+PROBE_MAX_NODES = 2
+"""Nodes a probe runs at most (one and two nodes of the candidate type)."""
+PROBE_MAX_GPUS_PER_NODE = 2
+"""GPUs per node a probe uses at most."""
+
+
+def probe_revealed(row: Measurement) -> bool:
+    """Whether a probe of the row's hardware would have measured this row."""
+    return row.nodes <= PROBE_MAX_NODES and max(row.placement) <= PROBE_MAX_GPUS_PER_NODE
+
+
+def probed_calibration(
+    traces: TraceSet,
+    base: Calibration,
+    *,
+    data_root: str | os.PathLike[str] | None = None,
+    gpu_specs: dict[str, GpuSpec] | None = None,
+    learned: bool = True,
+    models: Sequence[str] | None = None,
+) -> Calibration:
+    """``base`` without ``traces``' hardware, refitted on the rows a probe would reveal
+    (multi-GPU rows of ``models``, every model when ``None``, within the probe's size)."""
+    unseen, _ = unseen_hardware_calibration(
+        traces, base, data_root=data_root, gpu_specs=gpu_specs, learned=learned
+    )
+    groups = [
+        fit_group(traces, m, [r for r in traces.rows[m] if r.replicas > 1 and probe_revealed(r)])
+        for m in (models or traces.rows)
+    ]
+    return refit_on_probes(unseen, groups, gpu_specs)
+
+
 def cross_validate(
     traces: TraceSet,
     protocol: str,
@@ -174,17 +212,32 @@ def cross_validate(
             f"no model {', '.join(unknown)} in {traces.root} "
             f"(models: {', '.join(sorted(traces.rows))})"
         )
-    if protocol == "unseen-hardware":
+    if protocol in ("unseen-hardware", "probed"):
         if base is None:
             from lightning_srifty.io.calibration_io import load_default_calibration
 
             base = load_default_calibration()
-        calibration, _ = unseen_hardware_calibration(
-            traces, base, data_root=data_root, gpu_specs=gpu_specs, learned=learned
-        )
+        if protocol == "probed":
+            # every model is probed, as a user probing the hardware would run each job
+            calibration = probed_calibration(
+                traces, base, data_root=data_root, gpu_specs=gpu_specs, learned=learned
+            )
+        else:
+            calibration, _ = unseen_hardware_calibration(
+                traces, base, data_root=data_root, gpu_specs=gpu_specs, learned=learned
+            )
+        hidden = protocol == "probed"
         return [
             predict_rows(
-                traces, m, [r for r in traces.rows[m] if r.replicas > 1], calibration, gpu_specs
+                traces,
+                m,
+                [
+                    r
+                    for r in traces.rows[m]
+                    if r.replicas > 1 and not (hidden and probe_revealed(r))
+                ],
+                calibration,
+                gpu_specs,
             )
             for m in names
         ]

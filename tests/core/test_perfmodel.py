@@ -16,7 +16,7 @@ from lightning_srifty.core.calibration import (
     PhysicsConstants,
 )
 from lightning_srifty.core.candidates import CandidateArrays
-from lightning_srifty.core.catalog import GpuSpec, Offer
+from lightning_srifty.core.catalog import TENSOR_UTILISATION, GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import PredictionError
 from lightning_srifty.core.links import NodeLinks
@@ -37,6 +37,8 @@ SPECS = {
     "V100": GpuSpec("V100", 15.7, 15.7, 125.0, 900.0, 16.0),
 }
 GIB = 1024**3
+TC = TENSOR_UTILISATION["turing"] / TENSOR_UTILISATION["volta"]
+"""A T4's achieved share of its matrix-product peak over a V100's (per generation)."""
 
 
 def offer(
@@ -264,7 +266,7 @@ def test_global_batch_is_split_by_speed_so_groups_finish_together() -> None:
 
 def test_coarse_cross_gpu_scaling_blends_peak_and_bandwidth() -> None:
     ratio = PerformanceModel(SPECS).compute_ratio(PROFILE, "V100")
-    assert ratio == pytest.approx((8.1 / 15.7) ** 0.5 * (320.0 / 900.0) ** 0.5)
+    assert ratio == pytest.approx((8.1 * TC / 15.7) ** 0.5 * (320.0 / 900.0) ** 0.5)
 
 
 def test_a_coarse_profile_keeps_its_fixed_per_step_time_on_another_gpu() -> None:
@@ -284,7 +286,7 @@ def test_detailed_memory_bound_layers_scale_by_bandwidth() -> None:
 def test_detailed_per_layer_roofline_scales_compute_bound_layers_by_peak() -> None:
     layer = LayerTiming("l", "b", "Linear", 0.01, 0.02, 10, 40, flops=1e12, activation_bytes=1)
     prof = dataclasses.replace(PROFILE, kind="detailed", layers=(layer,))
-    assert PerformanceModel(SPECS).compute_ratio(prof, "V100") == pytest.approx(8.1 / 15.7)
+    assert PerformanceModel(SPECS).compute_ratio(prof, "V100") == pytest.approx(8.1 * TC / 15.7)
 
 
 def test_model_too_big_for_the_gpu_is_reported() -> None:
@@ -444,7 +446,7 @@ def test_host_time_does_not_speed_up_on_a_faster_gpu() -> None:
     model = PerformanceModel(SPECS, Calibration(physics=PHYS))
     assert model.host_share(prof) == pytest.approx(0.04 / 0.14)
     v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
-    device = 0.10 * 8.1 / 15.7  # compute-bound: by the peak ratio
+    device = 0.10 * 8.1 * TC / 15.7  # compute-bound: by the achieved peak ratio
     assert v100 == pytest.approx(device + 0.04)
     t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
     assert t4 == pytest.approx(0.14)  # on the profiled GPU nothing changes
@@ -492,3 +494,26 @@ def test_a_step_of_many_tiny_layers_is_bound_by_its_kernel_launches() -> None:
     assert v100 == pytest.approx(100 * 3 * 5e-6)  # the roofline alone says 1 ms
     t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
     assert t4 == pytest.approx(0.002)  # measured where it ran: above the floor, unchanged
+
+
+def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:
+    cal = Calibration(
+        PHYS,
+        residual_low=-0.1,
+        residual_high=0.1,
+        seen_hardware=(("T4", "tcp"),),
+        hardware_spread=0.2,
+        unseen_widening=0.05,
+    )
+    model = PerformanceModel(SPECS, cal)
+    seen = model.predict(PROFILE, one_group(2, 1))
+    assert math.log(seen.high_s / seen.step_s) == pytest.approx(0.1)
+    assert math.log(seen.step_s / seen.low_s) == pytest.approx(0.1)
+    unseen = model.predict(PROFILE, one_group(2, 1, offer("V100", 4)))
+    # a whole new kind of hardware may sit off (in quadrature), plus the conformal margin
+    wide = math.hypot(0.1, 1.2816 * 0.2) + 0.05
+    assert math.log(unseen.high_s / unseen.step_s) == pytest.approx(wide)
+    assert math.log(unseen.step_s / unseen.low_s) == pytest.approx(wide)
+    # one GPU: no synchronisation, nothing the calibration's hardware could change
+    alone = model.predict(PROFILE, one_group(1, 1, offer("V100", 4)))
+    assert math.log(alone.high_s / alone.step_s) == pytest.approx(0.1)

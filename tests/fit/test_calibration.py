@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lightning_srifty.core.calibration import Calibration
+from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.links import NCCL_TCP_CHANNELS
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.fit.calibration import (
@@ -23,8 +23,11 @@ from lightning_srifty.fit.calibration import (
     _export_gbr,
     analytic_predictions,
     calibrate,
+    calibrate_traces,
     fit_correction,
     fit_group,
+    fit_physics,
+    hardware_conformal_widening,
     trace_groups,
 )
 from lightning_srifty.io.traces import TraceSet, load_traces
@@ -142,3 +145,45 @@ def test_forced_trees_export_for_the_file_format(synthetic: TraceSet, fitted: Ca
         trace_groups(synthetic), fitted.physics, jobs=fitted.jobs, require_transfer=False
     )
     assert trees is not None and trees.median.trees
+
+
+def test_the_fit_is_the_recipes_answer_not_the_optimisers_start(synthetic: TraceSet) -> None:
+    groups = trace_groups(synthetic)
+    recipe, _ = fit_physics(groups)
+    elsewhere = PhysicsConstants(
+        tcp_efficiency=0.9, tcp_flow_gbps=3.0, tail_fraction=0.7, overlap_window=0.2,
+        step_overhead_s=1e-5, tcp_latency_s=2e-4, colocation_slowdown=0.1,
+    )  # fmt: skip
+    moved, _ = fit_physics(groups, start=elsewhere)
+    ours, theirs = recipe.to_dict(), moved.to_dict()
+    assert {k: theirs[k] / v for k, v in ours.items() if abs(theirs[k] / v - 1) > 0.05} == {}
+    assert moved.inter_algorithm == recipe.inter_algorithm
+    # what no row can tell is its prior exactly, not wherever the optimiser stopped
+    for name in ("efa_efficiency", "ib_efficiency", "nvlink_efficiency", "nvlink_latency_s"):
+        assert ours[name] == pytest.approx(PRIORS[name].centre, rel=1e-6)
+
+
+def test_leaving_a_kind_of_hardware_out_measures_how_far_a_new_one_sits(
+    tmp_path: object,
+) -> None:
+    from pathlib import Path
+
+    root = Path(str(tmp_path))
+    a = load_traces(write_synthetic_traces(root / "a", noise=0.02))
+    b = load_traces(
+        write_synthetic_traces(
+            root / "b", noise=0.02, seed=1, hardware_changes={"inter_node_gbps": 25}
+        )
+    )
+    # kind b is 40 % slower on every multi-GPU row than the physics says
+    for model in b.rows:
+        b = scaled(b, model, lambda r: r.replicas > 1, 1.4)
+    spread, widening = hardware_conformal_widening([("a", a), ("b", b)])
+    assert spread > 0.1 and widening >= 0.0
+    same, none = hardware_conformal_widening([("a", a), ("a2", a)])
+    assert (same, none) == (0.0, 0.0)  # one kind of hardware: nothing to leave out
+    cal = calibrate_traces([("a", a), ("b", b)], learned=False)
+    assert cal.hardware_spread == pytest.approx(spread) and cal.seen_hardware == (("T4", "tcp"),)
+    again = Calibration.from_dict(cal.to_dict())
+    assert again.hardware_spread == cal.hardware_spread
+    assert again.seen_hardware == cal.seen_hardware

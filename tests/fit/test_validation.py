@@ -13,10 +13,11 @@ import pytest
 
 from lightning_srifty.core.calibration import Calibration
 from lightning_srifty.core.errors import CalibrationError
-from lightning_srifty.fit.calibration import calibrate_traces
+from lightning_srifty.fit.calibration import calibrate_traces, fit_group, refit_on_probes
 from lightning_srifty.fit.validation import (
     cross_validate,
     predict_rows,
+    probe_revealed,
     split_rows,
     summarise,
     unseen_hardware_calibration,
@@ -124,3 +125,46 @@ def test_summary_reports_bias_and_interval_coverage(synthetic: TraceSet) -> None
     assert summary["overall"]["median_ape"] == pytest.approx(float(np.median(every)))
     assert summary["overall"]["rows"] == every.size
     assert 0.0 <= summary["overall"]["interval_coverage"] <= 1.0
+
+
+def test_probed_reveals_only_what_a_probe_measures(two_kinds: tuple[Path, Calibration]) -> None:
+    root, base = two_kinds
+    a = load_traces(root / "kind-a")
+    got = cross_validate(a, "probed", base=base, data_root=root, models=["beta"], learned=False)
+    (beta,) = got
+    # every multi-GPU row beyond one or two nodes of one or two GPUs is predicted ...
+    expected = [r for r in a.rows["beta"] if r.replicas > 1 and not probe_revealed(r)]
+    assert list(beta.rows) == expected
+    assert all(r.nodes > 2 or max(r.placement) > 2 for r in beta.rows)
+    # ... the probe's own rows are not, and they reach the refit ...
+    revealed = scaled(a, "beta", lambda r: r.replicas > 1 and probe_revealed(r), 1.5)
+    moved = cross_validate(
+        revealed, "probed", base=base, data_root=root, models=["beta"], learned=False
+    )[0]
+    assert moved.predicted_s.tolist() != beta.predicted_s.tolist()
+    # ... while the predicted rows never do
+    hidden = scaled(a, "beta", lambda r: r.replicas > 1 and not probe_revealed(r), 3.0)
+    same = cross_validate(
+        hidden, "probed", base=base, data_root=root, models=["beta"], learned=False
+    )[0]
+    assert same.predicted_s.tolist() == beta.predicted_s.tolist()
+
+
+def test_a_probe_refit_moves_the_calibration_towards_the_probed_hardware(
+    two_kinds: tuple[Path, Calibration], tmp_path: Path
+) -> None:
+    _, base = two_kinds
+    # hardware whose network is four times slower than any the calibration saw
+    slow = load_traces(
+        write_synthetic_traces(tmp_path / "slow", noise=0.02, hardware_changes={"nodes": 16})
+    )
+    slow = scaled(slow, "alpha", lambda r: r.nodes > 1, 1.6)
+    probed = [r for r in slow.rows["alpha"] if r.replicas > 1 and probe_revealed(r)]
+    refit = refit_on_probes(base, [fit_group(slow, "alpha", probed)])
+    assert refit.physics != base.physics
+    far = [r for r in slow.rows["alpha"] if r.nodes > 2]
+    before = predict_rows(slow, "alpha", far, base)
+    after = predict_rows(slow, "alpha", far, refit)
+    assert np.median(after.ape) < np.median(before.ape)
+    assert refit.physics.inter_algorithm == base.physics.inter_algorithm
+    assert refit_on_probes(base, []) is base

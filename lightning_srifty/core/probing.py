@@ -28,6 +28,9 @@ DEFAULT_MAX_PROBES = 3
 PROBE_MEASURE_S = 10.0
 """Seconds of steps a probe runs: its first reports are warm-up, the next ones its
 steady step (rank zero reports about once a second)."""
+VERIFY_SHARE = 0.05
+"""Plan #1 alone is probed when it runs a shape the profile never measured and the probe
+costs at most this share of the job: a few seconds to check hours of work."""
 PROBE_MIN_STEPS = 8
 """Steps a probe runs at least, when each takes longer than a report's second."""
 
@@ -77,6 +80,7 @@ def decide_probes(
     mode: str = "auto",
     max_probes: int = DEFAULT_MAX_PROBES,
     unknown_compute: bool = False,
+    unmeasured_shape: str = "",
 ) -> ProbeDecision:
     """Whether to probe ``plans`` (ranked, best first) before committing to the best.
 
@@ -91,6 +95,10 @@ def decide_probes(
         max_probes: at most this many plans are probed.
         unknown_compute: the profile says nothing about these GPUs (it ran on a CPU):
             every distinct kind of hardware in the ranking is a contender.
+        unmeasured_shape: how plan #1 runs what the profile never measured (e.g. "2
+            processes per node"; empty when it did): when no contender is worth a probe,
+            plan #1 alone is still probed if that costs at most :data:`VERIFY_SHARE` of
+            the job, so the run's own step is measured before it is committed to.
     """
     if mode not in PROBE_MODES:
         raise ValueError(f"probe mode {mode!r} is not one of {PROBE_MODES}")
@@ -129,6 +137,20 @@ def decide_probes(
             seconds,
             potential,
         )
+    if unmeasured_shape and (not contenders or potential <= price):
+        alone = startup_s + probe_seconds(best.step_high_s)
+        alone_price = alone / 3600.0 if key == "time" else alone / 3600.0 * best.hourly_usd
+        job = interval_value(best, key, "mid")
+        if job > 0 and alone_price <= VERIFY_SHARE * job:
+            return ProbeDecision(
+                (best,),
+                f"plan #1 runs {unmeasured_shape}, which the profile never measured: a "
+                f"probe checks its step first ({_amount(alone_price, unit)}, "
+                f"{alone_price / job:.1%} of the job)",
+                alone / 3600.0 * best.hourly_usd,
+                alone,
+                0.0,
+            )
     if not contenders:
         return ProbeDecision(
             (),

@@ -827,6 +827,7 @@ def probe_and_replan(
         startup_s=startup_s,
         mode=options.probe,
         unknown_compute=remote and profile.environment.accelerator == "cpu",
+        unmeasured_shape=_unmeasured_shape(profile, result.plans[0], local) if result.plans else "",
     )
     if options.probe == "off":
         return result, model
@@ -906,6 +907,24 @@ def probe_and_replan(
         )
     ui.show_plan(again, request)
     return again, refitted
+
+
+def _unmeasured_shape(profile: Profile, best: Plan, local: LocalBackend | None) -> str:
+    """How ``best`` runs what the profile never measured ("" if the profile ran it):
+    more processes per node (co-location, the node's links) or more nodes."""
+    env = profile.environment
+    if local is not None:
+        topology = local.topology_for(best.cluster)
+        per_node, nodes = topology.procs_per_node, topology.nodes
+    else:
+        per_node = max(g.gpus_per_node for g in best.cluster.groups)
+        nodes = best.cluster.nodes
+    parts = []
+    if per_node > env.devices_per_node:
+        parts.append(f"{per_node} processes per node")
+    if nodes > env.num_nodes:
+        parts.append(f"{nodes} nodes")
+    return " on ".join(parts)
 
 
 def _probe_hardware(local: LocalBackend | None, p: Plan) -> object:

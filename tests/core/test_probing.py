@@ -73,3 +73,21 @@ def test_the_time_objective_weighs_hours() -> None:
     fast = dataclasses.replace(_plan("b", 3.0, 0.3), time_to_target_h=11.0)
     decision = decide_probes([slow, fast], objective="time", hardware=_kind, startup_s=60.0)
     assert decision.run and decision.potential == pytest.approx(13.0 - 7.7)
+
+
+def test_plan_one_on_a_shape_the_profile_never_measured_is_checked_when_cheap() -> None:
+    """No contender, but plan #1 runs more processes per node than the profile did: a
+    probe of it alone runs if it costs at most 5 % of the job, and not otherwise."""
+    long_job = [_plan("a", 100.0, 0.1), _plan("b", 150.0, 0.1)]  # 50 h at $2/h
+    decision = decide_probes(long_job, objective="cost", hardware=_kind, startup_s=300.0,
+                             unmeasured_shape="4 processes per node")  # fmt: skip
+    assert [_kind(p) for p in decision.plans] == ["a"]
+    assert "4 processes per node" in decision.reason and "never measured" in decision.reason
+    probe_usd = (300.0 + 10.0) / 3600.0 * 2.0
+    assert decision.cost_usd == pytest.approx(probe_usd)
+    short_job = [_plan("a", 20 * probe_usd * 0.9, 0.1), _plan("b", 150.0, 0.1)]
+    skipped = decide_probes(short_job, objective="cost", hardware=_kind, startup_s=300.0,
+                            unmeasured_shape="4 processes per node")  # fmt: skip
+    assert not skipped.run and "do not overlap" in skipped.reason  # > 5 % of the job
+    measured = decide_probes(long_job, objective="cost", hardware=_kind, startup_s=300.0)
+    assert not measured.run  # the profile ran this shape: nothing to check

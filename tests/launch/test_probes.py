@@ -108,9 +108,11 @@ def test_a_probe_skipped_because_the_intervals_do_not_overlap(
     profile, run_dir = profiled
     acc = profile.environment.accelerator
     probes_before = sorted(run_dir.glob("probe-*"))
-    offers = [_offer("duo", 2, 2.0, acc), _offer("solo", 1, 9.0, acc)]
+    # Plan #1 runs one process per node, as the profile did: nothing to check either.
+    offers = [_offer("duo", 2, 9.0, acc), _offer("solo", 1, 1.0, acc)]
     request = PlanRequest(target_steps=2_000_000, allow_spot=False, mixes=False, max_nodes=1)
     before, ui, after = _probe(profile, run_dir, offers, request)
+    assert before.best.cluster.groups[0].gpus_per_node == 1
     assert any("no probe: the plans' intervals do not overlap" in m for m in ui.messages)
     assert not any(m.startswith("probe ") for m in ui.messages)
     assert after is before

@@ -6,10 +6,14 @@ sky.Task/sky.Resources, boto3 against moto's standalone server).
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import math
+import os
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -17,12 +21,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from lightning_srifty.core.launch_protocol import PROGRESS_LINE_PREFIX, ProgressEvent
+from lightning_srifty.core.launch_protocol import (
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_MARKER,
+    PROGRESS_LINE_PREFIX,
+    ProgressEvent,
+)
 
 # ---------------------------------------------------------------------------------------
-# SkyPilot API server (owned by launch/sky_backend.py and launch/sky_jobs.py)
+# SkyPilot API server (owned by launch/sky_client.py, sky_backend.py and sky_jobs.py)
 #
 # Every sky.* SDK call goes to a SkyPilot API server that provisions cloud VMs, which
 # cannot run here. FakeSkyApi stands in for exactly that surface: the client SDK calls
@@ -51,17 +61,98 @@ from lightning_srifty.core.launch_protocol import PROGRESS_LINE_PREFIX, Progress
 # - An unreachable server (sky/server/common.py: check_server_healthy_or_start) raises
 #   ApiServerConnectionError before any request is sent; a stream cut mid-way raises
 #   requests' ChunkedEncodingError (sky/server/rest.py lists these as transient).
+# - A server restart (ApiRestart) drops the requests in flight: they are marked
+#   CANCELLED with RequestInterruptedError as their error and never resumed
+#   (sky/server/uvicorn.py: interrupt_request_for_retry; sky/server/server.py: api_get),
+#   so sdk.get re-raises RequestInterruptedError (sky/client/sdk.py: get), or
+#   RequestCancelled where an older server stored no error. What the request did before
+#   it died stays done. A log stream ends with RequestInterruptedError('Streaming
+#   interrupted. Please retry.') (sky/utils/rich_utils.py: decode_rich_status, the RETRY
+#   control), which the SDK does not retry for preload_content=False.
+# - Launching a cluster name again (sky/execution.py: launch) provisions what an
+#   interrupted launch left INIT and reuses an UP cluster, submitting the task as one
+#   more job (recorded in duplicate_jobs: a run must never do that). The cluster's job
+#   queue (sky/client/sdk.py: queue) lists the job under the task's name.
+# - Autostop with down (sky/execution.py: launch, Resources.override_autostop_config;
+#   sky/skylet/events.py: AutostopEvent): a cluster takes itself down its idle minutes
+#   after its last job ended. A launch request that waits on the server has written no
+#   record yet: status lists nothing and down raises ClusterDoesNotExist
+#   (sky/core.py: down), though the cluster comes; api_cancel kills the request
+#   (sky/server/requests/requests.py: kill_requests). A record can read UP after the
+#   nodes are gone unless the refresh is FORCE, while job_status raises CommandError
+#   (sky/backends/backend_utils.py: refresh_cluster_record; cloud_vm_ray_backend.py:
+#   get_job_status).
+# - The jobs controller stops itself once no managed job runs; cancel and queue_v2
+#   then raise ClusterNotUpError with status STOPPED (backend_utils.py:
+#   is_controller_accessible), and queue_v2(refresh=True) starts it again.
+#   queue_v2 returns only the requested fields (sky/jobs/server/core.py: queue_v2_api).
 # - Managed jobs (sky/jobs/controller.py: JobController, sky/jobs/recovery_strategy.py,
 #   sky/jobs/state.py: ManagedJobStatus): PENDING -> STARTING -> RUNNING; a cluster that
 #   is not UP -> RECOVERING -> relaunch on the ordered resources -> RUNNING with
 #   recovery_count + 1; a FAILED job on an UP cluster is a user failure unless its exit
 #   code is in recover_on_exit_codes (then recovered) or max_restarts_on_errors allows a
 #   restart; FAILED_SETUP; no resources on the first launch -> FAILED_NO_RESOURCE; the
-#   controller cleans the job's cluster up at the end and on cancel.
+#   controller cleans the job's cluster up at the end and on cancel. The exit code of a
+#   job that saved its emergency checkpoint is what the task's own run script gives
+#   (node_exit_code runs it; sky/backends/task_codegen.py: add_epilogue stores it with
+#   job_lib.set_exit_codes), never a number assumed here.
 # ---------------------------------------------------------------------------------------
 
 SAVE_S = 5.0
 """Seconds the fake job takes to write an emergency checkpoint."""
+TORCHRUN_EXIT_ON_WORKER_FAILURE = 1
+"""What torchrun exits with when a worker exits non-zero (75 included): it raises
+ChildFailedError (torch/distributed/elastic/multiprocessing/errors). Measured through
+SkyPilot's own job program in tests/launch/test_sky_node.py."""
+
+
+@functools.lru_cache(maxsize=64)
+def node_exit_code(run: str | None, *, saved_emergency_checkpoint: bool) -> int:
+    """The exit code SkyPilot records for one node of a job whose workers failed.
+
+    Runs the task's own ``run`` script with ``bash -i``, as ``log_lib``'s
+    ``run_bash_command_with_log`` does on a node, with a stand-in ``torchrun`` that does
+    what the real one does when its workers exit 75 after an emergency checkpoint (they
+    leave the ``preempted`` marker in ``SRIFTY_STATE_DIR``; torchrun exits 1). SkyPilot
+    stores the script's status as the job's exit code (``sky/backends/task_codegen.py``:
+    ``add_epilogue`` -> ``job_lib.set_exit_codes``); test_sky_node.py checks the same
+    through SkyPilot's generated job program with real torchrun and Lightning.
+    """
+    with tempfile.TemporaryDirectory(prefix="srifty-node-") as scratch:
+        root = Path(scratch)
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        torchrun = bin_dir / "torchrun"
+        marker = f'touch "$SRIFTY_STATE_DIR/{PREEMPTED_MARKER}"\n'
+        torchrun.write_text(
+            "#!/bin/sh\n"
+            + (marker if saved_emergency_checkpoint else "")
+            + f"exit {TORCHRUN_EXIT_ON_WORKER_FAILURE}\n"
+        )
+        torchrun.chmod(0o755)
+        env = {
+            "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(root),
+            "SKYPILOT_NODE_IPS": "10.0.0.1",
+            "SKYPILOT_NODE_RANK": "0",
+            "SKYPILOT_NUM_NODES": "1",
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+            "SKYPILOT_TASK_ID": "sky-managed-fake_cluster_1-0",
+            "SRIFTY_MASTER_ADDR": "10.0.0.1",
+        }
+        script = root / "run.sh"
+        script.write_text(run or "true")
+        proc = subprocess.run(  # noqa: S603 - fixed argv
+            ["bash", "-i", str(script)],
+            env=env,
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=60,
+        )
+        return int(proc.returncode)
+
+
 LOG_EVERY_S = 30.0
 """Virtual seconds between the fake job's progress lines."""
 REAL_WAIT_S = 0.05
@@ -168,6 +259,19 @@ class ClusterScript:
     """The launch fails with this SkyPilot exception instead (credentials, prechecks)."""
     interrupted: bool = False
     """Ctrl-C arrives while the client streams the provisioning (KeyboardInterrupt)."""
+    error_after_provision: BaseException | None = None
+    """The cluster comes UP, then the launch fails with this (a CommandError from
+    submitting the job, say): the cluster stays up without a job."""
+    stale_s: float = 0.0
+    """After the nodes are taken back, status without FORCE still reads UP this long
+    (a refresh that cannot take the cluster's status lock returns the cached record,
+    sky/backends/backend_utils.py: refresh_cluster_record) while job_status cannot
+    reach the head and raises CommandError (sky/backends/cloud_vm_ray_backend.py:
+    get_job_status)."""
+    listed_after_s: float = 0.0
+    """The launch request waits this long on the server before it writes the
+    cluster's record: until then status lists nothing and down raises
+    ClusterDoesNotExist (sky/core.py: down), though the cluster is on its way."""
     provision_s: float = 90.0
     setup_s: float = 60.0
     setup_fails: bool = False
@@ -182,6 +286,60 @@ class ClusterScript:
     reclaim: str = "terminate"
     """``terminate`` (the record disappears), ``stop`` (STOPPED) or ``partial`` (INIT)."""
     checkpoint_every_s: float = 300.0
+
+
+@dataclass
+class ApiRestart:
+    """The API server restarts while the next ``op`` request is in flight.
+
+    ``op`` names the SDK call (``launch``, ``status``, ``job_status``, ``queue``,
+    ``cancel``, ``down``, ``enabled_clouds``, ``jobs.launch``, ``jobs.queue_v2``,
+    ``jobs.cancel``). ``effect`` says how far the request got before the server died:
+    ``none`` (nothing happened), ``partial`` (a launch had begun provisioning: the
+    cluster is left INIT without a job) or ``done`` (it acted; only the answer is
+    lost). ``legacy``: the server stored no error, so ``get`` raises RequestCancelled.
+    """
+
+    op: str
+    effect: str = "none"
+    legacy: bool = False
+    after: float = 0.0
+    """Virtual time from which it applies."""
+    skip: int = 0
+    """It applies from the ``skip + 1``-th request of its kind on."""
+
+    def error(self, request_id: str) -> BaseException:
+        from sky import exceptions
+
+        if self.legacy:  # sky/client/sdk.py: get, a CANCELLED request without error
+            return exceptions.RequestCancelled(
+                f"Current {self.op!r} request ({request_id}) is cancelled by another process."
+            )
+        return exceptions.RequestInterruptedError(  # sky/server/server.py: api_get
+            f"Request {request_id!r} was interrupted by an API server restart and will "
+            "not be resumed. Please re-submit the original request."
+        )
+
+
+@dataclass
+class ApiFault:
+    """The next ``op`` request (see :class:`ApiRestart`) ends in ``action``, which
+    raises what SkyPilot would (CommandError, ProvisionPrechecksError, ...) or delivers
+    a signal to this process. ``effect`` as for :class:`ApiRestart`."""
+
+    op: str
+    action: Callable[[], None]
+    effect: str = "none"
+    after: float = 0.0
+    skip: int = 0
+
+
+def fire(fault: ApiRestart | ApiFault, request_id: str) -> None:
+    """Ends a request the way ``fault`` says."""
+    if isinstance(fault, ApiRestart):
+        raise fault.error(request_id)
+    fault.action()
+    raise AssertionError(f"the fault on {fault.op} raised nothing")
 
 
 class FakeSkyHandle:
@@ -212,6 +370,25 @@ class FakeCluster:
         self.downed_at: float | None = None
         self.cancelled_at: float | None = None
         self.provision_cancelled = False
+        self.listed_at = now + script.listed_after_s
+        self.never = False
+        """Its launch request was cancelled before it wrote the record: it never comes."""
+        self.no_job = script.error_after_provision is not None
+        """The launch failed after provisioning: the cluster has no job."""
+        self.autodown_s: float | None = None
+        """Idle seconds after which the cluster takes itself down (autostop with down),
+        as the launch asked: ``None`` when it did not."""
+        self.relaunchable = False
+        """A launch of it was dropped by a restart: launching the name again is right."""
+        self.stalled = False
+        """Its launch request died mid-provisioning (an API restart): INIT, no job,
+        until the cluster is launched again."""
+        self.preempted_exit_code = (
+            node_exit_code(task.run, saved_emergency_checkpoint=True)
+            if script.preempt_after_s is not None
+            else PREEMPTED_EXIT_CODE
+        )
+        """What SkyPilot records when the job exits on its notice (run here, once)."""
 
     # -- the timeline ------------------------------------------------------------------
     @property
@@ -237,10 +414,18 @@ class FakeCluster:
         if s.crash_after_s is not None:
             ends.append((self.run_at + s.crash_after_s, "FAILED", 1))
         if self.notice_at is not None and s.notice:
-            ends.append((self.notice_at + SAVE_S, "FAILED", 75))
+            ends.append((self.notice_at + SAVE_S, "FAILED", self.preempted_exit_code))
         if self.cancelled_at is not None:
-            ends.append((self.cancelled_at + SAVE_S, "CANCELLED", 75))
+            ends.append((self.cancelled_at + SAVE_S, "CANCELLED", PREEMPTED_EXIT_CODE))
         return min(ends, key=lambda e: e[0])
+
+    def _ends_with_save(self) -> bool:
+        """The job ends by saving an emergency checkpoint (a notice or a cancel)."""
+        end = self._job_end()[0]
+        saves = [self.cancelled_at]
+        if self.notice_at is not None and self.script.notice:
+            saves.append(self.notice_at)
+        return any(t is not None and end == t + SAVE_S for t in saves)
 
     def death_at(self) -> float:
         """When the job's processes stop, whatever the reason."""
@@ -258,18 +443,53 @@ class FakeCluster:
         gained = int((t - self.run_at) * self.script.steps_per_s)
         return min(self.start_step + gained, self.target)
 
+    def stale(self, t: float) -> bool:
+        """The record still reads UP though the nodes are gone (see ClusterScript)."""
+        at = self.reclaim_at
+        if at is None or not self.script.stale_s or not at <= t < at + self.script.stale_s:
+            return False
+        return self.downed_at is None or t < self.downed_at
+
+    def listed_status(self, t: float, refresh: Any = None) -> str | None:
+        """What ``sky.status`` shows with this refresh mode (FORCE asks the cloud)."""
+        if str(getattr(refresh, "value", refresh)) != "FORCE" and self.stale(t):
+            return "UP"
+        return self.cluster_status(t)
+
+    def coming(self, t: float) -> bool:
+        """Not listed yet, but its launch request will write the record."""
+        return not self.never and self.downed_at is None and t < self.listed_at
+
+    def autodown_at(self) -> float | None:
+        """When the cluster takes itself down: its skylet (sky/skylet/events.py:
+        AutostopEvent) counts idle minutes from the end of the last job
+        (job_lib.is_cluster_idle) on a cluster that is UP; a cluster whose provisioning
+        was cut off never got the setting."""
+        if self.autodown_s is None or self.stalled or self.provision_cancelled:
+            return None
+        last_job = self.up_at if self.no_job else self._job_end()[0]
+        at = max(last_job, self.up_at) + self.autodown_s
+        if self.reclaim_at is not None and self.reclaim_at <= at:
+            return None  # AWS took the nodes first
+        return at
+
     def cluster_status(self, t: float) -> str | None:
         """ClusterStatus value at ``t``; ``None`` once the record is gone."""
         if self.downed_at is not None and t >= self.downed_at:
             return None
-        if t < self.up_at or self.provision_cancelled:
+        if self.never or t < self.listed_at:
+            return None
+        autodown = self.autodown_at()
+        if autodown is not None and t >= autodown:
+            return None
+        if t < self.up_at or self.provision_cancelled or self.stalled:
             return "INIT"
         if self.reclaim_at is not None and t >= self.reclaim_at:
             return {"terminate": None, "stop": "STOPPED", "partial": "INIT"}[self.script.reclaim]
         return "UP"
 
     def job_status(self, t: float) -> str | None:
-        if t < self.up_at:
+        if t < self.up_at or self.stalled or self.no_job:
             return None
         if self.cancelled_at is not None and t >= self.cancelled_at:
             return "CANCELLED"
@@ -289,7 +509,7 @@ class FakeCluster:
     def events(self, t: float, wall0: float) -> list[tuple[float, ProgressEvent]]:
         """The progress events the job printed up to ``t`` (and before it died)."""
         limit = min(t, self.death_at())
-        if limit < self.run_at or self.script.setup_fails:
+        if limit < self.run_at or self.script.setup_fails or self.stalled or self.no_job:
             return []
         out: list[tuple[float, ProgressEvent]] = []
         start = ProgressEvent(
@@ -301,7 +521,7 @@ class FakeCluster:
         out.append((self.run_at, start))
         step_s = 1.0 / self.script.steps_per_s
         moment = self.run_at + LOG_EVERY_S
-        end, status, code = self._job_end()
+        end, status, _ = self._job_end()
         while moment <= min(limit, end):
             out.append(
                 (moment, ProgressEvent("step", wall0 + moment, self.step_at(moment), step_s))
@@ -315,7 +535,7 @@ class FakeCluster:
             final = self.step_at(end)
             if status == "SUCCEEDED":
                 out.append((end, ProgressEvent("done", wall0 + end, final, step_s)))
-            elif code == 75:
+            elif self._ends_with_save():
                 out.append((end, ProgressEvent("preempted", wall0 + end, final,
                                                 checkpoint=f"ckpt-{final}")))  # fmt: skip
         return sorted(out, key=lambda item: item[0])
@@ -323,13 +543,13 @@ class FakeCluster:
     def _saves(self) -> list[tuple[float, int]]:
         """(time, step) of every checkpoint the job completes (before it dies)."""
         death = self.death_at()
-        end, status, code = self._job_end()
+        end, status, _ = self._job_end()
         saves = []
         moment = self.run_at + self.script.checkpoint_every_s
         while moment < min(end, death):
             saves.append((moment, self.step_at(moment)))
             moment += self.script.checkpoint_every_s
-        if end <= death and (status == "SUCCEEDED" or code == 75):
+        if end <= death and (status == "SUCCEEDED" or self._ends_with_save()):
             saves.append((end, self.step_at(end)))
         return saves
 
@@ -392,6 +612,15 @@ class FakeSkyApi:
         self.drop_after = 2
         self.log_dead_first = 0
         """``tail_logs`` always fails for the first N clusters (their log never comes)."""
+        self.log_interrupts = 0
+        """This many log streams end with a restart's RequestInterruptedError after
+        ``drop_after`` lines."""
+        self.restarts: list[ApiRestart | ApiFault] = []
+        """Scripted restarts and faults, each ending the next request it names."""
+        self.dropped: list[str] = []
+        """Requests a restart dropped (``op``)."""
+        self.duplicate_jobs: list[str] = []
+        """Clusters that were given a second job by launching them again."""
         self._reconnecting = 0
         self.clock.hold = self._hold
         self.initial_step = 0
@@ -401,6 +630,10 @@ class FakeSkyApi:
         self.jobs = FakeJobsApi(self)
         self._results: dict[str, Callable[[], Any]] = {}
         self._next_request = 0
+        self._requests_of: dict[str, int] = {}
+        """How many requests of each kind were made."""
+        self._launch_requests: dict[str, str] = {}
+        """Launch request id -> its cluster's name."""
 
     # -- plumbing ----------------------------------------------------------------------
     def _check_api(self, what: str) -> None:
@@ -415,8 +648,36 @@ class FakeSkyApi:
         self._check_api(what)
         self._next_request += 1
         request_id = f"req-{self._next_request}"
+        restart = self._restart_for(what)
+        if restart is not None:
+            thunk = self._dropping(restart, request_id, thunk)
         self._results[request_id] = thunk
         return request_id
+
+    def _restart_for(self, op: str) -> ApiRestart | ApiFault | None:
+        """The scripted restart or fault that ends this request, if any (used up)."""
+        self._requests_of[op] = seen = self._requests_of.get(op, 0) + 1
+        for i, restart in enumerate(self.restarts):
+            if restart.op == op and self.clock.now >= restart.after and seen > restart.skip:
+                del self.restarts[i]
+                if isinstance(restart, ApiRestart):
+                    self.dropped.append(op)
+                return restart
+        return None
+
+    @staticmethod
+    def _dropping(
+        restart: ApiRestart | ApiFault, request_id: str, thunk: Callable[[], Any]
+    ) -> Callable[[], Any]:
+        def result() -> Any:
+            if restart.effect == "done":
+                try:
+                    thunk()  # it acted before the server went down; the answer is lost
+                except Exception:  # noqa: BLE001, S110 - whatever it answered is lost too
+                    pass
+            fire(restart, request_id)
+
+        return result
 
     def get(self, request_id: str) -> Any:
         self._check_api("get")
@@ -429,11 +690,21 @@ class FakeSkyApi:
         return self.get(request_id)
 
     def api_cancel(self, request_ids: Any = None, **kwargs: Any) -> str:
+        """Cancels requests (sky/client/sdk.py: api_cancel): a launch request's
+        process is killed (sky/server/requests/requests.py: kill_requests), so a
+        cluster it had not written yet never comes, and one it was provisioning stays
+        INIT (its nodes may exist: it still has to be downed)."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or [])
+        self._check_api("api_cancel")
+        now = self.clock.now
         for rid in ids:
             self._results.pop(rid, None)
-        for cluster in self.clusters.values():
-            if cluster.cluster_status(self.clock.now) == "INIT":
+            cluster = self.clusters.get(self._launch_requests.get(rid, ""))
+            if cluster is None:
+                continue
+            if cluster.coming(now):
+                cluster.never = True
+            elif cluster.cluster_status(now) == "INIT" and now < cluster.up_at:
                 cluster.provision_cancelled = True
         return self._request("api_cancel", lambda: ids)
 
@@ -452,7 +723,11 @@ class FakeSkyApi:
     def left_up(self) -> list[str]:
         """Clusters that still exist (UP, INIT or STOPPED): what may still bill."""
         now = self.clock.now
-        return sorted(n for n, c in self.clusters.items() if c.cluster_status(now) is not None)
+        return sorted(
+            n
+            for n, c in self.clusters.items()
+            if c.cluster_status(now) is not None or c.coming(now)
+        )
 
     def _cluster(self, name: str, operation: str, *, must_be_up: bool = True) -> FakeCluster:
         import sky
@@ -490,18 +765,46 @@ class FakeSkyApi:
         name = str(kwargs["cluster_name"])
         common_utils.check_cluster_name_is_valid(name)  # SkyPilot's own rule
         self._check_api(f"launch {name}")
-        assert name not in self.clusters, f"cluster name {name} reused: runs would share it"
+        restart = self._restart_for("launch")
         self.launched.append((name, task, dict(kwargs)))
-        script = self.scripts[0] if self.scripts else ClusterScript()
-        if script.error is not None:
-            self.scripts.pop(0)
-            cluster = None
+        existing = self.clusters.get(name)
+        if existing is not None and existing.cluster_status(self.clock.now) is not None:
+            # Launching a name again (sky/execution.py: launch): only after a launch of
+            # ours was dropped; two runs sharing a name would be a bug.
+            assert existing.relaunchable, f"cluster name {name} reused: runs would share it"
+            cluster: FakeCluster | None = existing
+            if existing.stalled:  # provisioning picks up where it was cut off
+                existing.stalled = False
+                existing.up_at = self.clock.now + existing.script.provision_s / 2
+                existing.run_at = existing.up_at + existing.script.setup_s
+            elif existing.job_status(self.clock.now) is not None:
+                self.duplicate_jobs.append(name)  # an UP cluster runs the task again
+            script = existing.script
         else:
-            cluster = self.provision(task, name)
+            assert name not in self.clusters, f"cluster name {name} reused: runs would share it"
+            script = self.scripts[0] if self.scripts else ClusterScript()
+            if script.error is not None:
+                self.scripts.pop(0)
+                cluster = None
+            elif restart is not None and restart.effect == "none":
+                cluster = None  # the server died before provisioning anything
+            else:
+                cluster = self.provision(task, name)
+        if cluster is not None:
+            cluster.autodown_s = self._autodown_s(task, kwargs)
 
         def result() -> Any:
-            if script.error is not None:
+            if script.error is not None and cluster is None:
                 raise script.error
+            if restart is not None:
+                self.clock.sleep(10.0)
+                if cluster is not None:
+                    cluster.relaunchable = True
+                    if restart.effect == "partial":
+                        cluster.stalled = True  # the provisioner died with the server
+                    elif self.clock.now < cluster.up_at:
+                        self.clock.sleep(cluster.up_at - self.clock.now)  # job submitted
+                fire(restart, request_id)
             if cluster is None:
                 self.clock.sleep(30.0)  # the failover through the zones takes a while
                 raise sky.exceptions.ResourcesUnavailableError(
@@ -513,15 +816,33 @@ class FakeSkyApi:
                 raise KeyboardInterrupt  # the user pressed Ctrl-C during provisioning
             if self.clock.now < cluster.up_at:
                 self.clock.sleep(cluster.up_at - self.clock.now)  # streaming provision logs
+            if script.error_after_provision is not None and cluster is not existing:
+                raise script.error_after_provision
             n = cluster.index
             internal = [f"10.0.{n}.{node + 1}" for node in range(cluster.nodes)]
             external = [f"203.0.113.{(10 * n + node) % 250}" for node in range(cluster.nodes)]
-            return 1, FakeSkyHandle(internal, external)
+            return (2 if name in self.duplicate_jobs else 1), FakeSkyHandle(internal, external)
 
         self._next_request += 1
         request_id = f"req-{self._next_request}"
         self._results[request_id] = result
+        self._launch_requests[request_id] = name
         return request_id
+
+    @staticmethod
+    def _autodown_s(task: Any, kwargs: dict[str, Any]) -> float | None:
+        """What SkyPilot makes of the launch's autostop arguments: its own
+        ``Resources.override_autostop_config`` (sky/execution.py: launch), where
+        ``down`` without minutes means 0, which it raises to 1 minute."""
+        resources = next(iter(task.resources)).copy()
+        resources.override_autostop_config(
+            down=bool(kwargs.get("down", False)),
+            idle_minutes=kwargs.get("idle_minutes_to_autostop"),
+        )
+        config = resources.autostop_config
+        if config is None or not config.enabled or not config.down:
+            return None
+        return max(int(config.idle_minutes), 1) * 60.0
 
     def status(self, cluster_names: list[str], **kwargs: Any) -> str:
         from sky.schemas.api import responses
@@ -529,18 +850,26 @@ class FakeSkyApi:
 
         def result() -> Any:
             records = []
+            refresh = kwargs.get("refresh")
             for name in cluster_names:
                 cluster = self.clusters.get(name)
-                status = None if cluster is None else cluster.cluster_status(self.clock.now)
+                status = None if cluster is None else cluster.listed_status(self.clock.now, refresh)
                 if cluster is None or status is None:
                     continue
+                n = cluster.index
                 records.append(
                     responses.StatusResponse(
                         name=name,
+                        handle=FakeSkyHandle(
+                            [f"10.0.{n}.{node + 1}" for node in range(cluster.nodes)],
+                            [f"203.0.113.{(10 * n + node) % 250}" for node in range(cluster.nodes)],
+                        ),
                         launched_at=int(self.clock.time()),
                         status=status_lib.ClusterStatus(status),
-                        autostop=-1,
-                        to_down=False,
+                        autostop=-1
+                        if cluster.autodown_s is None
+                        else int(cluster.autodown_s // 60),
+                        to_down=cluster.autodown_s is not None,
                         cluster_hash=f"hash-{name}",
                         cluster_ever_up=True,
                         user_hash="fake-user",
@@ -559,12 +888,52 @@ class FakeSkyApi:
         from sky.skylet import job_lib
 
         def result() -> Any:
+            from sky import exceptions
+
+            stale = self.clusters.get(cluster_name)
+            if stale is not None and stale.stale(self.clock.now):
+                n = stale.index
+                raise exceptions.CommandError(
+                    255,
+                    "python3 -u -c 'from sky.skylet import job_lib; job_lib.get_statuses_payload'",
+                    "Failed to get job status.",
+                    f"ssh: connect to host 203.0.113.{10 * n % 250} port 22: Connection timed out",
+                )
             cluster = self._cluster(cluster_name, "getting job status")
             raw = cluster.job_status(self.clock.now)
             status = None if raw is None else job_lib.JobStatus(raw)
             return {job_id: status for job_id in job_ids or [1]}
 
         return self._request("job_status", result)
+
+    def queue(self, cluster_name: str, skip_finished: bool = False, **kwargs: Any) -> str:
+        """The cluster's job queue: job 1 under the task's name once it was submitted."""
+        from sky.schemas.api import responses
+        from sky.skylet import job_lib
+
+        def result() -> Any:
+            cluster = self._cluster(cluster_name, "getting the job queue")
+            raw = cluster.job_status(self.clock.now)
+            if raw is None:
+                return []
+            status = job_lib.JobStatus(raw)
+            if skip_finished and status.is_terminal():
+                return []
+            return [
+                responses.ClusterJobRecord(
+                    job_id=job_id,
+                    job_name=str(cluster.task.name),
+                    username="srifty-tests",
+                    user_hash="fake-user",
+                    submitted_at=self.clock.time(),
+                    resources=f"{cluster.nodes}x AWS",
+                    status=status,
+                    log_path=f"~/sky_logs/sky-{job_id}",
+                )
+                for job_id in ([1, 2] if cluster_name in self.duplicate_jobs else [1])
+            ]
+
+        return self._request("queue", result)
 
     def cancel(self, cluster_name: str, **kwargs: Any) -> str:
         def result() -> None:
@@ -577,6 +946,11 @@ class FakeSkyApi:
 
     def down(self, cluster_name: str, **kwargs: Any) -> str:
         def result() -> None:
+            stale = self.clusters.get(cluster_name)
+            if stale is not None and stale.stale(self.clock.now):
+                stale.downed_at = self.clock.now  # its record goes; its nodes were gone
+                self.downs.append(cluster_name)
+                return
             cluster = self._cluster(cluster_name, "tearing down", must_be_up=False)
             cluster.downed_at = self.clock.now
             self.downs.append(cluster_name)
@@ -613,6 +987,10 @@ class FakeSkyApi:
         drop = self.log_drops > 0
         if drop:
             self.log_drops -= 1
+        restart = not drop and self.log_interrupts > 0
+        if restart:
+            self.log_interrupts -= 1
+            drop = True
 
         def chunks() -> Iterator[str | None]:
             key = id(object())
@@ -626,6 +1004,12 @@ class FakeSkyApi:
                     for _, event in fresh:
                         if drop and sent >= self.drop_after:
                             self._broke()
+                            if restart:
+                                from sky import exceptions
+
+                                raise exceptions.RequestInterruptedError(
+                                    "Streaming interrupted. Please retry."
+                                )
                             raise requests.exceptions.ChunkedEncodingError(
                                 "Connection broken: IncompleteRead(0 bytes read)"
                             )
@@ -651,11 +1035,37 @@ class FakeSkyApi:
         self.clock.poke()
 
 
+_SKY_DEFAULT: Any = object()
+"""An argument left out: SkyPilot's own default applies."""
+
+
 class FakeJobsApi:
     """``sky.jobs.client.sdk`` of :class:`FakeSkyApi`: managed jobs and their controller."""
 
     def __init__(self, api: FakeSkyApi):
         self.api = api
+        self.controller_stopped = False
+        """SkyPilot's jobs controller autostopped (see :meth:`stop_controller`)."""
+
+    def stop_controller(self) -> None:
+        """The jobs controller stops itself, which it does only once no managed job
+        runs (its autostop); queue_v2 with refresh starts it again."""
+        for job in self.api.managed.values():
+            self._advance(job)
+            assert job.status in _MANAGED_TERMINAL, "a controller with live jobs never stops"
+        self.controller_stopped = True
+
+    def _check_controller(self, stopped_message: str) -> None:
+        """cancel and queue_v2 need the controller up (sky/backends/backend_utils.py:
+        is_controller_accessible raises ClusterNotUpError with the caller's message and
+        the controller's status; sky/jobs/server/core.py passes these messages)."""
+        from sky import exceptions
+        from sky.utils import status_lib
+
+        if self.controller_stopped:
+            raise exceptions.ClusterNotUpError(
+                stopped_message, cluster_status=status_lib.ClusterStatus.STOPPED
+            )
 
     def launch(self, task: Any, name: str | None = None, **kwargs: Any) -> str:
         import sky
@@ -663,6 +1073,17 @@ class FakeJobsApi:
 
         assert isinstance(task, sky.Task)
         self.api._check_api("jobs.launch")  # noqa: SLF001
+        restart = self.api._restart_for("jobs.launch")  # noqa: SLF001
+        if restart is not None and restart.effect == "none":
+            self.api.launched.append((name or task.name or "managed", task, dict(kwargs)))
+            self.api._next_request += 1  # noqa: SLF001
+            request_id = f"req-{self.api._next_request}"  # noqa: SLF001
+
+            def dropped() -> Any:
+                fire(restart, request_id)
+
+            self.api._results[request_id] = dropped  # noqa: SLF001
+            return request_id
         resources = list(task.resources)
         assert isinstance(task.resources, list), "ordered resources must be a list"
         # sky/jobs/recovery_strategy.py: StrategyExecutor.make
@@ -688,33 +1109,60 @@ class FakeJobsApi:
         )
         self.api.managed[job_id] = job
         self.api.launched.append((job.name, task, dict(kwargs)))
+        if restart is not None:  # submitted; the answer died with the server
+            self.api.restarts.insert(0, restart)
+            if isinstance(restart, ApiRestart):
+                self.api.dropped.pop()
         return self.api._request("jobs.launch", lambda: ([job_id], None))  # noqa: SLF001
 
-    def queue_v2(self, refresh: bool, job_ids: list[int] | None = None, **kwargs: Any) -> str:
-        from sky.jobs import state
+    def queue_v2(
+        self,
+        refresh: bool,
+        job_ids: list[int] | None = None,
+        name_match: str | None = None,
+        fields: Any = _SKY_DEFAULT,
+        **kwargs: Any,
+    ) -> str:
+        """The managed-job queue. ``name_match`` is SQL ``LIKE %name%``
+        (sky/jobs/state.py); with ``fields`` only those columns (and ``job_id``,
+        ``task_id``, ``status``) come back (sky/jobs/server/core.py: queue_v2_api), and
+        by default SkyPilot asks for DEFAULT_MANAGED_JOB_FIELDS (sky/jobs/constants.py),
+        which leave out ``failure_reason``."""
+        from sky.jobs import constants, state
         from sky.schemas.api import responses
 
+        wanted = constants.DEFAULT_MANAGED_JOB_FIELDS if fields is _SKY_DEFAULT else fields
+
         def result() -> Any:
+            if refresh:
+                self.controller_stopped = False  # a refresh starts the controller again
+            self._check_controller("No in-progress managed jobs.")
             records = []
             for job in self.api.managed.values():
                 if job_ids and job.job_id not in job_ids:
                     continue
+                if name_match is not None and name_match not in job.name:
+                    continue
                 self._advance(job)
-                records.append(
-                    responses.ManagedJobRecord(
-                        job_id=job.job_id,
-                        job_name=job.name,
-                        status=state.ManagedJobStatus(job.status),
-                        recovery_count=job.recovery_count,
-                        failure_reason=job.failure_reason,
-                    )
-                )
+                row = {
+                    "job_id": job.job_id,
+                    "task_id": 0,
+                    "job_name": job.name,
+                    "status": state.ManagedJobStatus(job.status),
+                    "recovery_count": job.recovery_count,
+                    "failure_reason": job.failure_reason,
+                }
+                if wanted:
+                    keep = set(wanted) | {"job_id", "task_id", "status"}
+                    row = {k: v for k, v in row.items() if k in keep}
+                records.append(responses.ManagedJobRecord(**row))
             return records, len(records), {}, len(self.api.managed)
 
         return self.api._request("jobs.queue_v2", result)  # noqa: SLF001
 
     def cancel(self, name: str | None = None, job_ids: Any = None, **kwargs: Any) -> str:
         def result() -> None:
+            self._check_controller("All managed jobs should have finished.")
             ids = list(job_ids or [])
             ids += [j.job_id for j in self.api.managed.values() if name and j.name == name]
             for job_id in ids:
@@ -731,6 +1179,7 @@ class FakeJobsApi:
         assert kwargs.get("preload_content") is False
         self.api._check_api("jobs.tail_logs")  # noqa: SLF001
         job = self.api.managed[int(job_id or 0)]
+        self.api._came_back()  # noqa: SLF001 - a reader that reconnects
         wall0 = self.api.clock.wall0
 
         def events(t: float) -> list[tuple[float, ProgressEvent]]:
@@ -853,7 +1302,11 @@ _MANAGED_TERMINAL = (
 # valid for that many seconds; a GET without a valid token is 401; the spot
 # instance-action path is 404 until AWS schedules an interruption. It can also hang:
 # the first `hang_next` requests are accepted and never answered (a service or network
-# that does not respond), which is what a client must survive.
+# that does not respond), which is what a client must survive. `drop_token_replies`
+# is the hop limit seen from a Docker container: with the instance's
+# HttpPutResponseHopLimit at 1 the token reply expires one hop short of the container
+# (AWS, "Configure the instance metadata options": "In a container environment, we
+# recommend setting the hop limit to 2"), so every token PUT goes unanswered.
 # ---------------------------------------------------------------------------------------
 
 
@@ -865,6 +1318,7 @@ class FakeImds(BaseHTTPRequestHandler):
     spot_notice: dict[str, str] | None = None
     """Set to e.g. ``{"action": "terminate", "time": "..."}`` to issue a notice."""
     hang_next = 0
+    drop_token_replies = False
     tokens: dict[str, float] = {}
     """Token -> expiry (``time.monotonic()``)."""
     release = threading.Event()
@@ -872,6 +1326,11 @@ class FakeImds(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:  # noqa: N802
         self.requests.append(f"PUT {self.path}")
         if self._hang():
+            return
+        if self.drop_token_replies:
+            self.answered.append(0)
+            type(self).release.wait(60)
+            self.close_connection = True
             return
         raw = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
         ok = self.path == "/latest/api/token" and raw.isdigit() and 1 <= int(raw) <= 21600
@@ -928,6 +1387,7 @@ def serve_fake_imds() -> Iterator[str]:
     FakeImds.answered = []
     FakeImds.spot_notice = None
     FakeImds.hang_next = 0
+    FakeImds.drop_token_replies = False
     FakeImds.tokens = {}
     FakeImds.release = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)

@@ -86,7 +86,12 @@ from lightning_srifty.capture.timing import (
     fold_into_records,
 )
 from lightning_srifty.core.errors import ConfigError
-from lightning_srifty.core.launch_protocol import ATTACHED_MARKER, ENV_PROFILE_PATH, ENV_STATE_DIR
+from lightning_srifty.core.launch_protocol import (
+    ATTACHED_MARKER,
+    ENV_PROFILE_PATH,
+    ENV_STATE_DIR,
+    SHORT_PROFILE_MARKER,
+)
 from lightning_srifty.core.profile import Environment, GradParam, Profile
 from lightning_srifty.io.profile_io import save_profile
 
@@ -414,6 +419,9 @@ class SriftyCallback(pl.Callback):
         self._stop_flop_count(pl_module)
         if self._measuring:
             self._end_window(trainer, pl_module)
+        state_dir = self._env.get(ENV_STATE_DIR)
+        if state_dir and self.written_path is None and trainer.is_global_zero:
+            (Path(state_dir) / SHORT_PROFILE_MARKER).write_text(self._too_short(trainer) + "\n")
         if self._session is not None:
             self._session.on_train_end(trainer)
 
@@ -422,6 +430,29 @@ class SriftyCallback(pl.Callback):
     ) -> None:
         self._stop_flop_count(pl_module)
         self._remove_hooks()
+
+    def _too_short(self, trainer: pl.Trainer) -> str:
+        """Why training ended before the window: the batches run against those needed,
+        and the script's own limit that stopped it (the launcher never lifts them)."""
+        ran = int(trainer.fit_loop.total_batch_idx) + 1
+        if self.profile_epochs is None:
+            window = f"{self.warmup_steps + self.profile_steps} batches"
+        else:
+            window = f"{self.warmup_steps} batches and {self.profile_epochs} epochs"
+        plural = "es" if ran != 1 else ""
+        why = [f"training ended after {ran} batch{plural}, before the profiling window ({window})"]
+        limits = []
+        if trainer.max_steps is not None and trainer.max_steps >= 0:
+            limits.append(f"max_steps={trainer.max_steps}")
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+            per_epoch = trainer.num_training_batches
+            each = ""
+            if isinstance(per_epoch, int):
+                each = f" with {per_epoch} batch{'es' if per_epoch != 1 else ''} an epoch"
+            limits.append(f"max_epochs={trainer.max_epochs}{each}")
+        if limits:
+            why.append(f"the script's own Trainer({', '.join(limits)}) stopped it")
+        return "; ".join(why)
 
     # -------------------------------------------------------------- window
     def _start_window(self, pl_module: pl.LightningModule, batch: Any) -> None:

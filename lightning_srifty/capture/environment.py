@@ -21,6 +21,7 @@ from lightning_srifty.capture.imds import (
     IMDS_ENDPOINT,
     ImdsClient,
     imds_allowed,
+    imds_endpoint,
 )
 from lightning_srifty.core.errors import MetadataUnavailableError
 
@@ -101,13 +102,18 @@ def query_imds(endpoint: str = IMDS_ENDPOINT, timeout_s: float = IMDS_TIMEOUT_S)
 def detect_placement(
     env: Mapping[str, str],
     *,
-    endpoint: str = IMDS_ENDPOINT,
+    endpoint: str | None = None,
     timeout_s: float = IMDS_TIMEOUT_S,
     dmi_dir: Path = DMI_DIR,
     hypervisor_uuid: Path = HYPERVISOR_UUID,
 ) -> Placement:
-    """Combines SkyPilot's region with the metadata service's instance type (on EC2)."""
+    """Combines SkyPilot's region with the metadata service's instance type (on EC2).
+
+    ``endpoint`` defaults to ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` from ``env``, else
+    169.254.169.254.
+    """
     sky_region = region_from_skypilot(env)
     allowed = imds_allowed(env, dmi_dir=dmi_dir, hypervisor_uuid=hypervisor_uuid)
-    imds = query_imds(endpoint, timeout_s) if allowed else Placement()
+    where = endpoint or imds_endpoint(env)
+    imds = query_imds(where, timeout_s) if allowed else Placement()
     return Placement(instance_type=imds.instance_type, region=sky_region or imds.region)

@@ -29,13 +29,25 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from lightning_srifty.core.errors import MetadataUnavailableError
+from lightning_srifty.core.errors import MetadataTokenError, MetadataUnavailableError
 from lightning_srifty.core.launch_protocol import ENV_IMDS
 from lightning_srifty.io.ec2 import DMI_DIR, HYPERVISOR_UUID, is_ec2
 
-__all__ = ["DMI_DIR", "HYPERVISOR_UUID", "IMDS_ENDPOINT", "ImdsClient", "imds_allowed", "is_ec2"]
+__all__ = [
+    "DMI_DIR",
+    "ENV_IMDS_ENDPOINT",
+    "HYPERVISOR_UUID",
+    "IMDS_ENDPOINT",
+    "ImdsClient",
+    "imds_allowed",
+    "imds_endpoint",
+    "is_ec2",
+]
 
 IMDS_ENDPOINT = "http://169.254.169.254"
+ENV_IMDS_ENDPOINT = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
+"""The AWS SDKs' override of the metadata endpoint (botocore and the CLI read it too);
+honoured here so the job asks the same service they do (and tests a local one)."""
 TOKEN_TTL_S = 21600
 """IMDSv2 tokens live at most six hours."""
 TOKEN_HEADER = "X-aws-ec2-metadata-token"
@@ -50,6 +62,12 @@ def imds_mode(env: Mapping[str, str]) -> str:
     if raw in ("on", "1", "true", "yes", "force"):
         return "on"
     return "auto"
+
+
+def imds_endpoint(env: Mapping[str, str]) -> str:
+    """The metadata service to ask: ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` or the default."""
+    raw = env.get(ENV_IMDS_ENDPOINT, "").strip()
+    return raw.rstrip("/") if raw else IMDS_ENDPOINT
 
 
 def imds_allowed(
@@ -107,11 +125,18 @@ class ImdsClient:
         """A valid session token, fetched anew once 90 % of its TTL has passed."""
         if self._token is None or self._clock() >= self._refresh_at:
             issued = self._clock()
-            body = self._retrying(
-                lambda: self._open("PUT", "/latest/api/token", {TTL_HEADER: str(self.token_ttl_s)})
-            )
+            try:
+                body = self._retrying(
+                    lambda: self._open(
+                        "PUT", "/latest/api/token", {TTL_HEADER: str(self.token_ttl_s)}
+                    )
+                )
+            except _Unauthorized:
+                raise MetadataTokenError("the metadata service refused a token") from None
+            except MetadataUnavailableError as exc:
+                raise MetadataTokenError(f"no IMDSv2 token: {exc}") from None
             if body is None:
-                raise MetadataUnavailableError("the metadata service issued no token")
+                raise MetadataTokenError("the metadata service issued no token")
             self._token = body
             self._refresh_at = issued + 0.9 * self.token_ttl_s
         return self._token

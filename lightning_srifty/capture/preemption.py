@@ -42,12 +42,12 @@ import lightning.pytorch as pl
 from lightning_srifty.capture.imds import (
     DMI_DIR,
     HYPERVISOR_UUID,
-    IMDS_ENDPOINT,
     ImdsClient,
     imds_allowed,
+    imds_endpoint,
 )
 from lightning_srifty.core import launch_protocol as proto
-from lightning_srifty.core.errors import MetadataUnavailableError
+from lightning_srifty.core.errors import MetadataTokenError, MetadataUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ SPOT_POLL_S = 5.0
 IMDS_TIMEOUT_S = 1.0
 POLL_BACKOFF_MAX_S = 60.0
 """Longest wait between polls while the metadata service does not answer."""
+HOP_LIMIT_HINT = (
+    "in a Docker container the IMDSv2 token reply is dropped when the instance's "
+    "metadata hop limit is 1: set it to 2 (aws ec2 modify-instance-metadata-options "
+    "--http-put-response-hop-limit 2) or run the container with host networking"
+)
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,14 @@ class PreemptionWatcher:
     The notice is polled only on EC2 (see :func:`~lightning_srifty.capture.imds.imds_allowed`).
     A metadata service that stops answering is retried with a growing wait (up to
     :data:`POLL_BACKOFF_MAX_S`), never given up on: one slow answer must not switch off
-    the two-minute warning for the rest of the run.
+    the two-minute warning for the rest of the run. It says so once, as one warning
+    (with the Docker hop-limit hint when no IMDSv2 token comes back), and once more
+    when the service answers again; SIGTERM is handled throughout.
 
     Args:
         env: Environment (``SRIFTY_IMDS``: ``auto``, ``on`` or ``off``).
-        endpoint: The metadata service (tests point it at a local server).
+        endpoint: The metadata service; by default ``AWS_EC2_METADATA_SERVICE_ENDPOINT``
+            from ``env`` (as the AWS SDKs read it), else 169.254.169.254.
         poll_s: Seconds between spot-notice look-ups.
         client: A prepared metadata client (tests shorten its timeouts and token TTL).
         dmi_dir: Where the DMI vendor files are (tests pass their own).
@@ -106,20 +114,22 @@ class PreemptionWatcher:
         self,
         env: Mapping[str, str] | None = None,
         *,
-        endpoint: str = IMDS_ENDPOINT,
+        endpoint: str | None = None,
         poll_s: float = SPOT_POLL_S,
         client: ImdsClient | None = None,
         dmi_dir: Path = DMI_DIR,
         hypervisor_uuid: Path = HYPERVISOR_UUID,
     ):
         self.env = os.environ if env is None else env
-        self.endpoint = endpoint
+        self.endpoint = endpoint or imds_endpoint(self.env)
         self.poll_s = poll_s
         self.client = client
         self.dmi_dir = dmi_dir
         self.hypervisor_uuid = hypervisor_uuid
         self.failed_polls = 0
         """Look-ups that got no answer (each already retried by the client)."""
+        self.degraded = ""
+        """Why the spot notice is out of reach, while it is (empty otherwise)."""
         self.reason = ""
         self.noticed_at: float | None = None
         self._flag = threading.Event()
@@ -159,10 +169,23 @@ class PreemptionWatcher:
                 misses += 1
                 self.failed_polls += 1
                 wait = min(self.poll_s * 2 ** min(misses, 6), POLL_BACKOFF_MAX_S)
-                if misses == 1 or misses % 10 == 0:
-                    log.warning("spot notice look-up failed (%s); retrying in %.0f s", exc, wait)
+                if not self.degraded:
+                    hint = f"; {HOP_LIMIT_HINT}" if isinstance(exc, MetadataTokenError) else ""
+                    self.degraded = str(exc)
+                    log.warning(
+                        "EC2 spot notice unavailable (%s): the job still saves on SIGTERM, and "
+                        "keeps asking every %.0f s at most%s",
+                        exc,
+                        POLL_BACKOFF_MAX_S,
+                        hint,
+                    )
+                else:
+                    log.debug("spot notice look-up failed again (%s); next in %.0f s", exc, wait)
                 self._stop.wait(wait)
                 continue
+            if self.degraded:
+                log.warning("EC2 spot notice reachable again after %d failed look-ups", misses)
+                self.degraded = ""
             misses = 0
             if notice is not None:
                 log.warning("EC2 spot interruption notice: %s at %s", notice.action, notice.time)

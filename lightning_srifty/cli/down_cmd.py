@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, *, backend: Any = None) -> int:
         print(f"{run_dir / LEDGER_NAME}: {known}; nothing to do")
         return 0
     if backend is None:
-        from lightning_srifty.launch.sky_backend import ApiPatience
+        from lightning_srifty.launch.sky_client import ApiPatience
         from lightning_srifty.launch.sky_jobs import SkyJobsBackend
 
         backend = SkyJobsBackend(
@@ -46,9 +46,12 @@ def run(args: argparse.Namespace, *, backend: Any = None) -> int:
         )
     names = ", ".join(f"{e.name} ({e.kind})" for e in pending)
     print(f"taking down {names}")
+    before = len(getattr(backend, "notes", []))
     try:
         taken = backend.down_recorded()
     except LaunchError as exc:
         raise LaunchError(f"srifty down {run_dir}: {exc}") from None
+    for note in getattr(backend, "notes", [])[before:]:
+        print(note)
     print(f"down: {', '.join(taken)}")
     return 0

@@ -90,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--setup", help="sky backends: extra node setup commands (shell)")
     p.add_argument(
+        "--job-recovery",
+        default="EAGER_NEXT_REGION",
+        help="sky-jobs: job_recovery strategy, EAGER_NEXT_REGION (SkyPilot's default), "
+        "FAILOVER or SRIFTY_NEXT_OFFER (retries the preempted offer last; needs the "
+        "plugin: python -m lightning_srifty.launch.sky_recovery DIR)",
+    )
+    p.add_argument(
         "--probe",
         default="auto",
         help="measure the plans that could be best before committing: auto (when their "
@@ -246,6 +253,7 @@ def options_from_args(
         policy=args.policy,
         keep_clusters=args.keep_clusters,
         setup=args.setup,
+        job_recovery=args.job_recovery,
         refine=not args.no_refine,
         max_attempts=args.max_attempts,
         probe=args.probe,

@@ -61,9 +61,10 @@ def run_guarded(func: Callable[[], int | None]) -> int:
     except SriftyError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        # Ctrl-C, or SIGTERM/SIGHUP in srifty-launch (launch/signals.py: Terminated).
+        print(str(err) or "interrupted", file=sys.stderr)
+        return int(getattr(err, "exit_code", 130))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

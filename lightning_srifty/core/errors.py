@@ -63,6 +63,14 @@ class MetadataUnavailableError(SriftyError):
     """The EC2 instance metadata service did not answer (used inside the job only)."""
 
 
+class MetadataTokenError(MetadataUnavailableError):
+    """No IMDSv2 session token came back (the token PUT timed out or failed).
+
+    In a Docker container on an instance whose metadata hop limit is 1 the reply is
+    dropped one hop short of the container, so this is what the job sees there.
+    """
+
+
 class CheckpointError(SriftyError):
     """A checkpoint store cannot be reached, written or read."""
 

@@ -8,11 +8,12 @@ through environment variables (launcher → job) and a JSON-lines progress file
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lightning_srifty.core.errors import SchemaError
+from lightning_srifty.core.errors import ConfigError, SchemaError
 from lightning_srifty.core.validate import Reader
 
 ENV_MODE = "SRIFTY_MODE"
@@ -56,6 +57,9 @@ PREEMPTED_MARKER = "preempted"
 """Written after an emergency checkpoint on a preemption notice."""
 FAILURE_MARKER = "failure"
 """Written by the callback with a one-line reason before it stops a misconfigured run."""
+SHORT_PROFILE_MARKER = "profile-too-short"
+"""Written by the profiling run when training ended before the window was measured,
+with a one-line reason naming the limit that stopped it."""
 NO_CALLBACK_MARKER = "no-callback"
 """Written by the profiling run when ``Trainer.fit`` starts without the callback."""
 NO_CALLBACK_EXIT_CODE = 3
@@ -67,6 +71,17 @@ NO_CALLBACK_MESSAGE = (
 PREEMPTED_EXIT_CODE = 75
 """The job's exit status after an emergency checkpoint (``EX_TEMPFAIL``: try again)."""
 
+NO_GPU_EXIT_CODE = 4
+"""A node SkyPilot gave GPUs on which torch sees fewer than the job needs: the run
+stops before training (never trains on CPU instead)."""
+ENV_TORCH_VERSION = "SRIFTY_TORCH_VERSION"
+"""The torch version the profile ran with (public part: ``2.13.0`` of ``2.13.0+cu126``);
+cloud nodes install exactly this one, from the CUDA build their GPU and image support."""
+ENV_LIGHTNING_VERSION = "SRIFTY_LIGHTNING_VERSION"
+"""The Lightning version the profile ran with; cloud nodes install exactly this one."""
+ENV_GPU_CHECK = "SRIFTY_GPU_CHECK"
+"""``0`` skips the node's GPU check (a test harness that pretends to have GPUs)."""
+
 TRAINER_ENV_PREFIX = "PL_TRAINER_"
 """Lightning reads ``PL_TRAINER_<ARG>`` as the default of each ``Trainer`` argument
 (``lightning/pytorch/utilities/argparse.py``: ``_defaults_from_env_vars``), so the
@@ -74,7 +89,12 @@ launcher can shape an unchanged ``Trainer(...)``; arguments the script passes wi
 
 
 def trainer_env(
-    *, nodes: int, devices_per_node: int, root_dir: str | None, strategy: str = "ddp"
+    *,
+    nodes: int,
+    devices_per_node: int,
+    root_dir: str | None,
+    strategy: str = "ddp",
+    accelerator: str | None = None,
 ) -> dict[str, str]:
     """``PL_TRAINER_*`` defaults that make a plain ``Trainer`` run the planned job.
 
@@ -82,6 +102,8 @@ def trainer_env(
     a DDP flavour the job needs) give a DDP job of ``nodes * devices_per_node`` processes
     under torchrun; ``default_root_dir``
     keeps Lightning's logs and checkpoints in the run folder, not the working directory.
+    ``accelerator`` (``"gpu"`` on GPU nodes) keeps Lightning's ``auto`` from falling back
+    to the CPU without a word when torch cannot use the GPUs: it fails instead.
     """
     if nodes < 1 or devices_per_node < 1:
         raise ValueError(f"nodes and devices must be >= 1, got {nodes} x {devices_per_node}")
@@ -94,7 +116,41 @@ def trainer_env(
         env[f"{TRAINER_ENV_PREFIX}DEFAULT_ROOT_DIR"] = root_dir
     if nodes * devices_per_node > 1:
         env[f"{TRAINER_ENV_PREFIX}STRATEGY"] = strategy
+    if accelerator is not None:
+        env[f"{TRAINER_ENV_PREFIX}ACCELERATOR"] = accelerator
     return env
+
+
+def public_version(version: str) -> str:
+    """``2.13.0`` of ``2.13.0+cu126``: the local label names the build, not the release,
+    and the node picks its own build."""
+    return version.split("+", 1)[0].strip()
+
+
+def stack_env(torch_version: str, lightning_version: str) -> dict[str, str]:
+    """The profiled torch and Lightning versions for the nodes to install.
+
+    Raises:
+        ConfigError: a version is empty or not a release a node can install from an
+            index (a source build such as ``2.13.0a0+git1234`` is refused by pip there).
+    """
+    env = {}
+    for name, raw in (
+        (ENV_TORCH_VERSION, torch_version),
+        (ENV_LIGHTNING_VERSION, lightning_version),
+    ):
+        version = public_version(raw)
+        local = raw.partition("+")[2]
+        if not _RELEASE.fullmatch(version) or local.startswith("git"):
+            raise ConfigError(
+                f"the profile's {name.removeprefix('SRIFTY_').lower()} {raw!r} is not a "
+                "release a node can install; profile with a released torch and Lightning"
+            )
+        env[name] = version
+    return env
+
+
+_RELEASE = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?")
 
 
 def lightning_cli_args(env: Mapping[str, str], *, keep: Collection[str] = ()) -> list[str]:

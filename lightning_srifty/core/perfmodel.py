@@ -76,6 +76,10 @@ MEMORY_HEADROOM = 0.92
 """Share of device memory usable by tensors (CUDA context and allocator slack)."""
 ROOFLINE_EFFICIENCY = 0.4
 """Achieved share of peak when a CPU profile's FLOPs/bytes predict a GPU from scratch."""
+KERNEL_LAUNCH_S = 5e-6
+"""Least time a GPU step spends per kernel it launches: PyTorch's eager launches cost
+5-20 us each on the CPU side (HolisticTraceAnalysis docs, "CUDA kernel launch stats"),
+so a step of many tiny layers cannot run faster than its launches however fast the GPU."""
 BACKWARD_SHARE = 2.0 / 3.0
 """Backward is about twice the forward FLOPs; used when a profile has no phase split."""
 
@@ -350,6 +354,17 @@ class PerformanceModel:
             return 0.0
         return float(max(curve.alpha_s, 0.0))
 
+    @staticmethod
+    def launch_floor_s(profile: Profile) -> float:
+        """Least device time per step from kernel launches alone (0 without layers).
+
+        Each profiled layer launches at least one kernel forward and one backward (two
+        with parameters: input and weight gradients); the optimizer's launches are not
+        counted, so this stays a floor.
+        """
+        launches = sum(1 + (2 if x.param_count > 0 else 1) for x in profile.layers)
+        return launches * KERNEL_LAUNCH_S
+
     def _phase_shares(self, profile: Profile) -> tuple[float, float]:
         """(forward share, backward share) of compute; the rest is the optimizer."""
         s = profile.steps
@@ -435,8 +450,13 @@ class PerformanceModel:
         straggle = 1.0 + cv * expected_max_z(world)
         at_b = curve.at(np.maximum(b_int, 1.0))
         host_fixed = np.minimum(fixed, at_b)
+        # Host time is kept; device work cannot beat its kernel launches.
+        device_part = np.maximum(
+            (at_b - host_fixed) * (1.0 - host) * device_ratio, self.launch_floor_s(profile)
+        )
+        device_part = np.where(present & known, device_part, (at_b - host_fixed) * (1.0 - host))
         group_compute = np.where(
-            present, colocation * (host_fixed + (at_b - host_fixed) * speed_scale), 0.0
+            present, colocation * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
         )
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle

@@ -115,13 +115,16 @@ def load_catalog(
     return Catalog(offers, label, trainable)
 
 
-def planning_offers(source: str, profiled_on: str) -> tuple[Offer, ...]:
+def planning_offers(
+    source: str, profiled_on: str, *, efa: str = DEFAULT_EFA_MODE
+) -> tuple[Offer, ...]:
     """Offers a job profiled on ``profiled_on`` can train on.
 
     Trainable CUDA GPUs from the catalog, plus the accelerator the profile was taken on
-    even if it is not one (a profile from Trainium plans on Trainium).
+    even if it is not one (a profile from Trainium plans on Trainium). ``efa`` as in
+    :func:`load_catalog`: how the launcher will really attach EFA.
     """
-    catalog = load_catalog(source)
+    catalog = load_catalog(source, efa=efa)
     return catalog.gpu_offers() + tuple(
         o for o in catalog.offers if o.accelerator == profiled_on and not catalog.is_trainable(o)
     )

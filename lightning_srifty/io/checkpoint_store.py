@@ -13,10 +13,14 @@ on corruption. On a local disk each file is written under a temporary name, fsyn
 and renamed; on S3 each PUT is atomic, and the manifest is only PUT after the data
 upload succeeded, so a failed upload never replaces a good checkpoint.
 
-Ids sort in creation order (nanosecond time, forced past the newest existing id so a
-VM with a slow clock cannot write an "older" newest checkpoint). Retention keeps the
-last ``keep`` checkpoints; pruning deletes a manifest before its data, so no manifest
-ever points at missing bytes.
+Checkpoints are ordered by progress: the step, then the creation time (nanoseconds,
+forced past the newest existing id so a VM with a slow clock cannot write an "older"
+checkpoint). The newest is the one furthest ahead, so two writers on one prefix (a
+duplicate job, a resumed run whose first job still lives) can never make a resume go
+back to less work. Retention keeps the ``keep`` checkpoints furthest ahead; pruning
+deletes a manifest before its data, so no manifest ever points at missing bytes, and
+deletes data without a manifest only once it is :data:`ORPHAN_AGE_S` old: another
+writer's upload in flight has its data and not yet its manifest, and must survive.
 
 S3 connection errors and throttling are retried with exponential backoff by botocore's
 ``standard`` retry mode; anything still failing becomes a one-line
@@ -102,6 +106,11 @@ _S3_UNAVAILABLE_CODES = frozenset(
 )
 _S3_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
+ORPHAN_AGE_S = 6 * 3600.0
+"""Data without a manifest is deleted only past this age. Longer than any upload, so
+another writer's checkpoint whose manifest is still to come is never taken for the
+leftover of an upload that died."""
+
 _ID = re.compile(r"^(\d{20})-step(\d{9,})$")
 _HASH_CHUNK = 8 * 1024 * 1024
 
@@ -172,6 +181,17 @@ def _step_of(checkpoint_id: str) -> int:
     return int(match.group(2)) if match else -1
 
 
+def _stamp_of(checkpoint_id: str) -> int:
+    """The creation time (ns) encoded in a checkpoint id (``-1`` for a foreign name)."""
+    match = _ID.match(checkpoint_id)
+    return int(match.group(1)) if match else -1
+
+
+def _progress(checkpoint_id: str) -> tuple[int, int]:
+    """Sort key: further ahead first by step, then by creation time."""
+    return _step_of(checkpoint_id), _stamp_of(checkpoint_id)
+
+
 def data_name(checkpoint_id: str) -> str:
     return f"{DATA_DIR}/{checkpoint_id}.ckpt"
 
@@ -214,6 +234,8 @@ class CheckpointStore(ABC):
         """How long :meth:`fetch_latest` retries an unavailable store."""
         self.sleep: Callable[[float], None] = time.sleep
         self.clock: Callable[[], float] = time.monotonic
+        self.now_ns: Callable[[], int] = time.time_ns
+        """Wall clock for new ids and the orphan age (tests move it)."""
 
     # ------------------------------------------------------------ transport
     @abstractmethod
@@ -242,9 +264,9 @@ class CheckpointStore(ABC):
 
     # ------------------------------------------------------------ algorithm
     def checkpoint_ids(self) -> list[str]:
-        """Ids that have a manifest, newest first (manifests not yet verified)."""
+        """Ids that have a manifest, furthest ahead first (manifests not yet verified)."""
         ids = [n[: -len(".json")] for n in self._list(MANIFEST_DIR) if n.endswith(".json")]
-        return sorted((i for i in ids if _ID.match(i)), reverse=True)
+        return sorted((i for i in ids if _ID.match(i)), key=_progress, reverse=True)
 
     def refs(self) -> list[CheckpointRef]:
         """Readable manifests, newest first; unreadable ones are skipped with a warning."""
@@ -270,7 +292,8 @@ class CheckpointStore(ABC):
         """
         path = Path(local)
         ids = self.checkpoint_ids()
-        checkpoint_id = new_checkpoint_id(step, ids[0] if ids else None)
+        latest = max(ids, key=_stamp_of) if ids else None
+        checkpoint_id = new_checkpoint_id(step, latest, now_ns=self.now_ns())
         size = path.stat().st_size
         digest = sha256_of(path)
         self._put_file(path, data_name(checkpoint_id))
@@ -353,10 +376,12 @@ class CheckpointStore(ABC):
                 wait = min(wait * 2, longest)
 
     def prune(self) -> None:
-        """Keeps the newest ``keep`` checkpoints and removes orphaned data.
+        """Keeps the ``keep`` checkpoints furthest ahead and removes orphaned data.
 
-        Orphans are data objects without a manifest that are older than the newest
-        manifest: uploads that died before their manifest was written. Never removed:
+        Orphans are data objects without a manifest that are older than
+        :data:`ORPHAN_AGE_S`: uploads that died before their manifest was written (a
+        younger one may be another writer's upload whose manifest is still to come).
+        Never removed:
         the newest verified checkpoint, and any checkpoint further ahead (a higher step)
         than it, so a job that somehow started behind what is stored cannot prune away
         the progress it failed to read. Nothing is removed once a read met an
@@ -375,12 +400,11 @@ class CheckpointStore(ABC):
                 continue
             self._delete(manifest_name(old))
             self._delete(data_name(old))
-        if not ids:
-            return
-        kept = set(ids[: self.keep]) | protected
+        manifested = set(ids)  # pruned ones lost their data above
+        cutoff = self.now_ns() - int(ORPHAN_AGE_S * 1e9)
         for name in self._list(DATA_DIR):
             stem = name[: -len(".ckpt")] if name.endswith(".ckpt") else name
-            if stem not in kept and _ID.match(stem) and stem < ids[0]:
+            if _ID.match(stem) and stem not in manifested and _stamp_of(stem) < cutoff:
                 self._delete(f"{DATA_DIR}/{name}")
 
     def _read_manifest(self, checkpoint_id: str) -> CheckpointRef | None:

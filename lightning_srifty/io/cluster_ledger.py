@@ -35,6 +35,9 @@ class LedgerEntry:
     job_id: int | None = None
     """The managed job's id (``kind == "managed-job"``)."""
     updated: float = 0.0
+    request_id: str | None = None
+    """The SkyPilot API request launching it, while that may still run: a teardown
+    cancels it first, so provisioning cannot bring the cluster back afterwards."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +46,7 @@ class LedgerEntry:
             "state": self.state,
             "job_id": self.job_id,
             "updated": self.updated,
+            "request_id": self.request_id,
         }
 
 
@@ -69,6 +73,9 @@ class ClusterLedger:
             job_id = e.raw("job_id", None)
             if job_id is not None and not isinstance(job_id, int):
                 raise e.fail("job_id", f"expected an integer, got {job_id!r}")
+            request_id = e.raw("request_id", None)
+            if request_id is not None and not isinstance(request_id, str):
+                raise e.fail("request_id", f"expected a string, got {request_id!r}")
             out.append(
                 LedgerEntry(
                     name=e.str("name"),
@@ -76,6 +83,7 @@ class ClusterLedger:
                     state=e.choice("state", STATES),
                     job_id=job_id,
                     updated=e.float("updated", 0.0),
+                    request_id=request_id,
                 )
             )
         if not self.run_id:
@@ -86,10 +94,23 @@ class ClusterLedger:
         """Entries that may still be up (launching or up)."""
         return [e for e in self.entries() if e.state != "down"]
 
+    def entry(self, name: str, kind: str = "cluster") -> LedgerEntry | None:
+        """``name``'s entry, if the run recorded it."""
+        return next((e for e in self.entries() if e.name == name and e.kind == kind), None)
+
     def mark(
-        self, name: str, state: str, *, kind: str = "cluster", job_id: int | None = None
+        self,
+        name: str,
+        state: str,
+        *,
+        kind: str = "cluster",
+        job_id: int | None = None,
+        request_id: str | None = None,
     ) -> None:
-        """Records ``name``'s new state (adding it when new); written atomically."""
+        """Records ``name``'s new state (adding it when new); written atomically.
+
+        ``request_id`` names the launch request in flight; it is kept only while the
+        entry is ``launching``."""
         if state not in STATES:
             raise ValueError(f"unknown ledger state {state!r}")
         entries = self.entries()
@@ -97,13 +118,15 @@ class ClusterLedger:
         found = False
         for i, entry in enumerate(entries):
             if entry.name == name and entry.kind == kind:
+                request = request_id if request_id is not None else entry.request_id
                 entries[i] = replace(
                     entry, state=state, job_id=job_id if job_id is not None else entry.job_id,
-                    updated=now,
+                    updated=now, request_id=request if state == "launching" else None,
                 )  # fmt: skip
                 found = True
         if not found:
-            entries.append(LedgerEntry(name, kind, state, job_id, now))
+            request = request_id if state == "launching" else None
+            entries.append(LedgerEntry(name, kind, state, job_id, now, request))
         self._write(entries)
 
     def _write(self, entries: list[LedgerEntry]) -> None:

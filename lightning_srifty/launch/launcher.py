@@ -42,6 +42,7 @@ from lightning_srifty.core.script_trainer import ScriptTrainer
 from lightning_srifty.core.spot import POLICY_NAMES, make_policy, young_daly_interval
 from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.core.units import format_hours, format_money, format_seconds
+from lightning_srifty.launch import signals
 from lightning_srifty.launch.backend import Backend
 from lightning_srifty.launch.controller import Controller, Migration, PreemptionSource, RunSummary
 from lightning_srifty.launch.feedback import RanOn, write_feedback
@@ -121,6 +122,8 @@ class LaunchOptions:
     probe: str = "auto"
     """``--probe``: measure the plans that could be best before committing (``auto``:
     when their intervals overlap and it is worth its price; ``on``; ``off``)."""
+    job_recovery: str = "EAGER_NEXT_REGION"
+    """``--job-recovery``: the managed job's ``job_recovery`` strategy (sky-jobs)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -131,6 +134,16 @@ class LaunchOptions:
             raise ConfigError("--preempt-every/--preempt-trace work only with --backend local")
         if self.setup and self.backend not in SKY_BACKENDS:
             raise ConfigError("--setup works only with --backend sky or sky-jobs")
+        if self.job_recovery != "EAGER_NEXT_REGION" and self.backend != "sky-jobs":
+            raise ConfigError("--job-recovery works only with --backend sky-jobs")
+        if self.backend == "sky-jobs":
+            from lightning_srifty.launch.sky_jobs import JOB_RECOVERIES
+
+            if self.job_recovery not in JOB_RECOVERIES:
+                raise ConfigError(
+                    f"--job-recovery {self.job_recovery!r} is not valid: use one of "
+                    f"{', '.join(JOB_RECOVERIES)}"
+                )
         if self.policy not in POLICY_NAMES:
             raise ConfigError(
                 f"--policy {self.policy!r} is not valid: use one of {', '.join(POLICY_NAMES)}"
@@ -188,10 +201,16 @@ def load_planning_inputs(
     options: LaunchOptions, profiled_on: str
 ) -> tuple[tuple[Offer, ...], PerformanceModel]:
     """Catalog offers and the performance model (files are read here, once)."""
+    from lightning_srifty.core.links import DEFAULT_EFA_MODE
     from lightning_srifty.io.calibration_io import calibration_or_default
     from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
 
-    offers = planning_offers(options.catalog, profiled_on)
+    efa = DEFAULT_EFA_MODE
+    if options.backend in SKY_BACKENDS:
+        from lightning_srifty.launch.sky_tasks import launched_efa_mode
+
+        efa = launched_efa_mode()  # price EFA as SkyPilot will attach it
+    offers = planning_offers(options.catalog, profiled_on, efa=efa)
     calibration = calibration_or_default(options.calibration)
     return offers, PerformanceModel(load_gpu_specs(), calibration)
 
@@ -222,12 +241,35 @@ def run_launch(
 ) -> LaunchOutcome:
     """Runs the whole journey; raises :class:`SriftyError` subclasses on user problems.
 
+    Whatever ends it early takes down what this launch started (the clusters and managed
+    jobs in its ledger): Ctrl-C, SIGTERM and SIGHUP (:mod:`~lightning_srifty.launch.
+    signals`) unless ``--keep-clusters``, and any exception. Only an API server that
+    stayed away leaves them, with their autostop, as they are.
+
     Args:
         options: What the user asked for.
         ui: Shows progress and asks for confirmation.
         backend: Replaces the backend ``options.backend`` names (tests pass a SkyPilot
             backend whose SDK cannot provision).
     """
+    made: list[Backend] = []
+    with signals.terminating():
+        try:
+            return _run_launch(options, ui, backend, made)
+        except KeyboardInterrupt as exc:
+            if made:
+                _after_interrupt(made[0], options, ui, exc)
+            raise
+        except Exception:
+            if made:
+                _after_failure(made[0], ui)
+            raise
+
+
+def _run_launch(
+    options: LaunchOptions, ui: LauncherUI, backend: Backend | None, made: list[Backend]
+) -> LaunchOutcome:
+    """:func:`run_launch`'s journey; ``made`` receives the backend once it exists."""
     if not Path(options.script).is_file():
         # Before anything is created: a typo must not leave an empty run folder behind.
         raise LaunchError(f"script not found: {options.script}")
@@ -265,10 +307,13 @@ def run_launch(
                 "--checkpoint-uri s3://bucket/prefix"
             )
     backend = backend or _make_backend(options, uri)
+    made.append(backend)
     if remote and not options.dry_run:
         check = getattr(backend, "check_credentials", None)
         if check is not None:
             check()  # before profiling: do not make the user wait to be refused
+        if options.resume:
+            _refuse_a_second_writer(backend, run_dir)
     job_env = {proto.ENV_KEEP_CHECKPOINTS: str(options.keep_checkpoints)}
     endpoint = os.environ.get(proto.ENV_S3_ENDPOINT_URL)
     if endpoint:
@@ -442,11 +487,7 @@ def run_launch(
         f" as {topology.nodes} node(s) x {topology.procs_per_node} process(es)" if topology else ""
     )
     ui.info(f"launching on {chosen.cluster.describe()} via the {backend.name} backend{shape}")
-    try:
-        summary = controller.run(chosen)
-    except KeyboardInterrupt:
-        _after_interrupt(backend, options, ui)
-        raise
+    summary = controller.run(chosen)
     outcome = LaunchOutcome(profiled, result, summary, topology)
     ui.summary(outcome)
     return outcome
@@ -571,6 +612,25 @@ LEDGER_FILE = "steps.json"
 """The run's :class:`~lightning_srifty.core.steps.StepLedger`, kept for ``--resume``."""
 
 
+def _refuse_a_second_writer(backend: object, run_dir: Path) -> None:
+    """Stops ``--resume`` while the run's own cluster or managed job still lives.
+
+    Two jobs on one checkpoint prefix race each other's saves; the first may still be
+    training (a laptop that closed does not stop a managed job).
+
+    Raises:
+        ConfigError: SkyPilot still reports one of the run's clusters or jobs.
+    """
+    live_recorded = getattr(backend, "live_recorded", None)
+    live = live_recorded() if live_recorded is not None else []
+    if live:
+        raise ConfigError(
+            f"--resume {run_dir}: the run's {', '.join(live)} still lives and may be "
+            "training; follow it with `sky jobs logs` / `sky logs`, or take it down with "
+            f"`srifty down {run_dir}` and resume then"
+        )
+
+
 def _step_ledger(run_dir: Path, result: PlanResult, resume: bool) -> StepLedger:
     """A new ledger for the planned target, or the resumed run's with its history."""
     from lightning_srifty.io.jsonfile import read_json
@@ -602,8 +662,12 @@ def _trainer_env(
         devices_per_node=max(group.gpus_per_node, 1),
         root_dir=None,
         strategy=strategy,
+        accelerator="gpu" if group.offer.accelerator_count > 0 else None,
     )
     env[proto.ENV_WORLD_SIZE] = str(p.cluster.world_size)  # mixes: groups differ per node
+    # Nodes install the torch and Lightning the profile ran with (sky_tasks.node_stack_setup).
+    env.update(proto.stack_env(profile.environment.torch_version,
+                               profile.environment.lightning_version))  # fmt: skip
     return env
 
 
@@ -620,23 +684,54 @@ def ddp_strategy(profile: Profile) -> str:
     return "ddp_find_unused_parameters_true" if manual else "ddp"
 
 
-def _after_interrupt(backend: Backend, options: LaunchOptions, ui: LauncherUI) -> None:
-    """Ctrl-C: whatever the run still has up goes down, unless ``--keep-clusters``."""
-    down = getattr(backend, "down_recorded", None)
+def _after_interrupt(
+    backend: Backend, options: LaunchOptions, ui: LauncherUI, why: KeyboardInterrupt
+) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP: what this launch started and still has up goes down,
+    unless ``--keep-clusters``."""
+    down = getattr(backend, "down_started", None)
     if down is None:
         return
+    what = str(why) or "interrupted"
     if options.keep_clusters:
-        ui.info(
-            f"interrupted; the run's clusters were kept (--keep-clusters): take them "
-            f"down with `srifty down {options.run_dir}`"
+        run_dir = getattr(backend, "run_dir", None) or options.run_dir or "RUN_DIR"
+        _tell(
+            ui,
+            f"{what}; the run's clusters were kept (--keep-clusters): take them "
+            f"down with `srifty down {run_dir}`",
         )
         return
     try:
         taken = down()
     except LaunchError as exc:
-        ui.info(f"interrupted; {exc}")
+        _tell(ui, f"{what}; {exc}")
         return
-    ui.info(f"interrupted; took down {', '.join(taken) or 'nothing (all already down)'}")
+    _tell(ui, f"{what}; took down {', '.join(taken) or 'nothing (all already down)'}")
+
+
+def _after_failure(backend: Backend, ui: LauncherUI) -> None:
+    """Any exception: whatever this launch started and still has up goes down (the error
+    itself is reported by the caller). Not when the API server itself failed (stayed
+    away, or kept dropping requests): a failed API call is no reason to stop a healthy
+    job, and the clusters' autostop takes them down when it ends."""
+    down = getattr(backend, "down_started", None)
+    if down is None or getattr(backend, "api_gone", False):
+        return
+    try:
+        taken = down()
+    except LaunchError as exc:
+        _tell(ui, f"after the failure: {exc}")
+        return
+    if taken:
+        _tell(ui, f"after the failure, took down {', '.join(taken)}")
+
+
+def _tell(ui: LauncherUI, message: str) -> None:
+    """Says it if the terminal is still there (after SIGHUP it may not be)."""
+    try:
+        ui.info(message)
+    except OSError:
+        pass
 
 
 def measured_checkpoint_s(store: CheckpointStore) -> float | None:
@@ -956,7 +1051,7 @@ def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:
     if options.backend == "sky-jobs":
         from lightning_srifty.launch.sky_jobs import SkyJobsBackend
 
-        return SkyJobsBackend(**settings)
+        return SkyJobsBackend(recovery=options.job_recovery, **settings)
     from lightning_srifty.launch.sky_backend import SkyBackend
 
     return SkyBackend(**settings)
@@ -964,7 +1059,8 @@ def _make_backend(options: LaunchOptions, checkpoint_uri: str) -> Backend:
 
 def _dry_run(controller: Controller, chosen: Plan, run_dir: Path) -> Any:
     """The task YAML a real launch would submit, priced by SkyPilot's optimizer offline."""
-    from lightning_srifty.launch.sky_backend import SkyClient, build_tasks, dry_run
+    from lightning_srifty.launch.sky_client import SkyClient
+    from lightning_srifty.launch.sky_tasks import build_tasks, dry_run
 
     backend = controller.backend
     assert isinstance(backend, SkyClient)

@@ -97,8 +97,11 @@ def run_profile(
     if not attached:
         raise LaunchError(f"{script}: {proto.NO_CALLBACK_MESSAGE}")
     if not profile_path.exists():
+        short = state_dir / proto.SHORT_PROFILE_MARKER
+        why = short.read_text().strip() if short.exists() else ""
         raise LaunchError(
-            f"{script} ended before the profiling window completed; "
-            "let it train longer (more steps or data) or lower SriftyCallback(profile_steps=...)"
+            f"{script}: {why or 'training ended before the profiling window completed'}; "
+            "srifty never lifts the script's own limits: let it train longer (raise them, "
+            "or more data) or lower SriftyCallback(warmup_steps=..., profile_steps=...)"
         )
     return ProfileRun(load_profile(profile_path), profile_path, code)

@@ -5,28 +5,34 @@ job itself, so the laptop must stay on. A managed job hands that to SkyPilot's j
 controller (a small VM it runs for you): the job is one task whose ``ordered``
 resources are the planner's best plans of one shape, and on a preemption SkyPilot
 relaunches it on the next available one (``job_recovery``) while the job resumes from
-the checkpoint store. ``srifty-launch`` submits it, follows ``sky.jobs.queue_v2`` and the
-job's log for the live view and the summary, and may be closed at any time.
+the checkpoint store. ``srifty-launch`` submits it and follows ``sky.jobs.queue_v2`` and
+the job's log for the live view and the summary; with ``--keep-clusters`` it may be
+closed or killed at any time (otherwise Ctrl-C, SIGTERM and SIGHUP cancel the job).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lightning_srifty.core.cluster import Plan
-from lightning_srifty.core.errors import ConfigError, LaunchError
+from lightning_srifty.core.errors import ApiUnavailableError, ConfigError, LaunchError
 from lightning_srifty.launch.backend import JobState, LaunchSpec
-from lightning_srifty.launch.sky_backend import (
-    ENV_GROUP_INDEX,
-    ENV_TOTAL_NODES,
+from lightning_srifty.launch.sky_client import (
+    InterruptedRequest,
+    LostRequest,
     SkyClient,
     SkyJobsSdk,
-    _LostRequest,
+    real_jobs_sdk,
+    reconnectable,
+)
+from lightning_srifty.launch.sky_tasks import (
+    ENV_GROUP_INDEX,
+    ENV_TOTAL_NODES,
     build_task,
     group_resources,
-    real_jobs_sdk,
 )
 
 if TYPE_CHECKING:
@@ -34,8 +40,15 @@ if TYPE_CHECKING:
 
     from lightning_srifty.launch.controller import LogProgress
 
+log = logging.getLogger(__name__)
+
 MANAGED_RECOVERY = "EAGER_NEXT_REGION"
-"""SkyPilot's default strategy: after a preemption try another region at once."""
+"""SkyPilot's default strategy. In 0.14.1 it relaunches the ordered resources from #1,
+the offer just preempted included (see :mod:`lightning_srifty.launch.sky_recovery`)."""
+NEXT_OFFER = "SRIFTY_NEXT_OFFER"
+"""Our strategy (a SkyPilot plugin): the preempted offer is retried last."""
+JOB_RECOVERIES = (MANAGED_RECOVERY, "FAILOVER", NEXT_OFFER)
+"""``--job-recovery`` choices."""
 ORDERED_CANDIDATES = 5
 """How many of the planner's same-shape plans become ``ordered`` resources."""
 
@@ -103,7 +116,9 @@ def managed_task(
     """One task whose ``ordered`` resources are ``plans`` (same shape), best first.
 
     ``job_recovery`` is the same on every candidate, as SkyPilot requires
-    (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``): the named strategy, no
+    (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``): the named strategy
+    (:data:`JOB_RECOVERIES`; ``SRIFTY_NEXT_OFFER`` needs the plugin of
+    :mod:`~lightning_srifty.launch.sky_recovery` on the API server), no
     restarts on user errors, and ``recover_on_exit_codes: [75]`` so a job that saved an
     emergency checkpoint on its notice and exited while the cluster was still UP is
     recovered, not failed (``sky/jobs/controller.py``: a FAILED job on an UP cluster
@@ -116,6 +131,14 @@ def managed_task(
 
     if not plans:
         raise ConfigError("no plan to launch")
+    if recovery not in JOB_RECOVERIES:
+        raise ConfigError(
+            f"--job-recovery {recovery!r} is not valid: use one of {', '.join(JOB_RECOVERIES)}"
+        )
+    if recovery == NEXT_OFFER:
+        # Registers the strategy here too, so SkyPilot code in this process accepts it;
+        # the API server and the jobs controller load it as a plugin.
+        import lightning_srifty.launch.sky_recovery  # noqa: F401
     shapes = {
         (len(p.cluster.groups), p.cluster.groups[0].nodes, p.cluster.groups[0].gpus_per_node)
         for p in plans
@@ -139,9 +162,9 @@ def managed_task(
     }
     pin_zone = bool(task_options.get("pin_zone", False))
     resources = [
-        group_resources(p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone).copy(
-            job_recovery=dict(job_recovery)
-        )
+        group_resources(
+            p.cluster.groups[0], use_spot=p.use_spot, pin_zone=pin_zone, efa=p.cluster.uses_efa
+        ).copy(job_recovery=dict(job_recovery))
         for p in plans
     ]
     task.set_resources(resources)  # a list: SkyPilot tries them in this order
@@ -163,15 +186,15 @@ class SkyJobsBackend(SkyClient):
     SkyPilot's jobs controller, not this machine, recovers it from preemptions: it
     relaunches on the next of the ``ordered`` resources (the planner's best plans of
     the same shape) and the job resumes from the checkpoint store. ``srifty-launch``
-    only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary;
-    closing the laptop does not stop it. Ctrl-C cancels the job unless
-    ``keep_clusters``.
+    only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary.
+    Ctrl-C, SIGTERM and SIGHUP cancel the job unless ``keep_clusters``; a failed API
+    call never does.
 
     Args:
         candidates: The planner's ranked plans; :func:`same_shape` picks from them.
         jobs_sdk: The managed-jobs SDK surface (the real one by default).
         recovery: ``job_recovery`` strategy name.
-        **options: As :class:`~lightning_srifty.launch.sky_backend.SkyClient`.
+        **options: As :class:`~lightning_srifty.launch.sky_client.SkyClient`.
     """
 
     name = "skypilot-jobs"
@@ -215,18 +238,10 @@ class SkyJobsBackend(SkyClient):
             recovery=self.recovery,
             **options,
         )
+        self.started.add(name)
         if self.ledger is not None:
             self.ledger.mark(name, "launching", kind="managed-job")
-        try:
-            request = self._call(
-                lambda: self.jobs_sdk.launch(task, name=name), f"submit {name}", resend=False
-            )
-        except _LostRequest as lost:
-            raise LaunchError(
-                f"submitting managed job {name} failed in transit ({lost}); check "
-                f"`sky jobs queue` for a job named {name} before launching again"
-            ) from None
-        job_ids, _ = self._call(lambda: self.sdk.stream_and_get(request), f"submit {name}")
+        job_ids = self._submit(task, name)
         if not job_ids:
             raise LaunchError(f"SkyPilot returned no managed job id for {name}")
         job_id = int(job_ids[0])
@@ -234,11 +249,81 @@ class SkyJobsBackend(SkyClient):
             self.ledger.mark(name, "up", kind="managed-job", job_id=job_id)
         return ManagedJob(name, job_id, spec.plan.use_spot)
 
-    def _record(self, job: ManagedJob) -> Any:
-        result = self._call(
-            lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False, job_ids=[job.job_id])),
-            f"status of managed job {job.job_id}",
+    def _submit(self, task: sky.Task, name: str) -> list[int]:
+        """Submits the managed job; a submission a server restart dropped is sent again
+        only when the queue has no job of this name (unique to the run and attempt),
+        so the job never starts twice."""
+        what = f"submit {name}"
+        for _ in range(self.api.reissues + 1):
+            try:
+                request = self._call(
+                    lambda: self.jobs_sdk.launch(task, name=name), what, resend=False
+                )
+            except InterruptedRequest:
+                found = self._find_by_name(name)
+                if found:
+                    return found
+                continue
+            except LostRequest as lost:
+                raise LaunchError(
+                    f"submitting managed job {name} failed in transit ({lost}); check "
+                    f"`sky jobs queue` for a job named {name} before launching again"
+                ) from None
+            try:
+                job_ids, _ = self._call(
+                    lambda r=request: self.sdk.stream_and_get(r),  # type: ignore[misc]
+                    what,
+                    reissue=False,
+                )
+            except InterruptedRequest as exc:
+                log.warning("%s: %s; looking for it in the queue", what, exc)
+                self.api_reissues += 1
+                found = self._find_by_name(name)
+                if found:
+                    return found
+                continue
+            return [int(i) for i in job_ids or []]
+        self.gave_up = "restarts"
+        raise ApiUnavailableError(
+            f"{what}: the SkyPilot API server dropped the submission "
+            f"{self.api.reissues + 1} times in a row (restarts)"
         )
+
+    def _find_by_name(self, name: str) -> list[int]:
+        """Ids of this user's managed jobs named exactly ``name`` (newest last)."""
+        result = self._call(
+            lambda: self.sdk.get(
+                self.jobs_sdk.queue_v2(
+                    refresh=False, name_match=name, fields=["job_id", "job_name", "status"]
+                )
+            ),
+            f"look for managed job {name}",
+        )
+        records = result[0] if isinstance(result, tuple) else result
+        return sorted(int(r["job_id"]) for r in records or [] if r["job_name"] == name)
+
+    def _record(self, job: ManagedJob) -> Any:
+        """The job's queue record, with ``failure_reason``: SkyPilot's default fields
+        (``sky/jobs/constants.py: DEFAULT_MANAGED_JOB_FIELDS``) leave it out."""
+        from sky import exceptions
+        from sky.jobs import constants
+
+        fields = [*constants.DEFAULT_MANAGED_JOB_FIELDS, "failure_reason"]
+
+        def read(refresh: bool) -> Any:
+            return self._call(
+                lambda: self.sdk.get(
+                    self.jobs_sdk.queue_v2(refresh=refresh, job_ids=[job.job_id], fields=fields)
+                ),
+                f"status of managed job {job.job_id}",
+            )
+
+        try:
+            result = read(False)
+        except exceptions.ClusterNotUpError:
+            # The controller stopped (every managed job ended): only a refresh, which
+            # starts it again, shows how this one ended.
+            result = read(True)
         records = result[0] if isinstance(result, tuple) else result
         record = next((r for r in records or [] if int(r["job_id"]) == job.job_id), None)
         if record is None:
@@ -278,7 +363,7 @@ class SkyJobsBackend(SkyClient):
             return self.jobs_sdk.tail_logs(job_id=job.job_id, follow=True, preload_content=False)
 
         progress = LogProgress(
-            stream, f"the log of managed job {job.job_id}", sleep=self._log_sleep
+            reconnectable(stream), f"the log of managed job {job.job_id}", sleep=self._log_sleep
         )
         self._progress[job.name] = progress
         return progress
@@ -297,32 +382,138 @@ class SkyJobsBackend(SkyClient):
         status = None if raw is None else str(getattr(raw, "value", raw))
         if status is not None and _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
             return
-        self._call(
-            lambda: self.sdk.get(self.jobs_sdk.cancel(job_ids=[job.job_id])),
-            f"cancel managed job {job.job_id}",
-        )
-        if self.ledger is not None:
-            self.ledger.mark(job.name, "down", kind="managed-job", job_id=job.job_id)
+        if self.api_gone:
+            # Following the job failed, not the job: SkyPilot's controller keeps it.
+            log.warning("not cancelling managed job %d: %s", job.job_id, self._left_running())
+            return
+        self._cancel_confirmed(job.name, job.job_id)
 
-    def down_recorded(self) -> list[str]:
-        names = super().down_recorded()
+    def live_recorded(self) -> list[str]:
+        """As :meth:`SkyClient.live_recorded`, plus the run's managed jobs not yet ended."""
+        live = super().live_recorded()
+        if self.ledger is None:
+            return live
+        jobs = [e for e in self.ledger.not_down() if e.kind == "managed-job"]
+        if not jobs:
+            return live
+        from sky import exceptions
+
+        try:
+            result = self._call(
+                lambda: self.sdk.get(self.jobs_sdk.queue_v2(refresh=False)),
+                "managed job queue",
+            )
+        except exceptions.ClusterNotUpError as exc:
+            if _value(getattr(exc, "cluster_status", None)) in (None, "STOPPED"):
+                return live  # SkyPilot stops its jobs controller only once none runs
+            raise LaunchError(
+                f"managed job queue: SkyPilot's jobs controller is not reachable yet ({exc})"
+            ) from None
+        records = result[0] if isinstance(result, tuple) else result
+        for entry in jobs:
+            for record in records or []:
+                same = (
+                    int(record["job_id"]) == entry.job_id
+                    if entry.job_id is not None
+                    else record.get("job_name") == entry.name
+                )
+                raw = record["status"]
+                status = str(getattr(raw, "value", raw))
+                if same and not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
+                    live.append(f"managed job {entry.job_id or entry.name} ({status})")
+        return live
+
+    def down_recorded(self, *, ours: bool = False) -> list[str]:
+        names = super().down_recorded(ours=ours)
         if self.ledger is None:
             return names
         for entry in self.ledger.not_down():
-            if entry.kind != "managed-job":
+            if entry.kind != "managed-job" or (ours and entry.name not in self.started):
                 continue
-            # Submitted but interrupted before its id came back: cancel it by its name
-            # (unique to this run), which SkyPilot's cancel accepts as well.
-            by: dict[str, Any] = (
-                {"job_ids": [entry.job_id]} if entry.job_id is not None else {"name": entry.name}
-            )
-            self._call(
-                lambda kw=by: self.sdk.get(self.jobs_sdk.cancel(**kw)),  # type: ignore[misc]
-                f"cancel managed job {entry.name}",
-            )
-            self.ledger.mark(entry.name, "down", kind="managed-job", job_id=entry.job_id)
+            self._cancel_confirmed(entry.name, entry.job_id)
             names.append(entry.name)
         return names
+
+    def _cancel_confirmed(self, name: str, job_id: int | None) -> None:
+        """Cancels the managed job and marks it down once the queue shows it ended.
+
+        Without an id (submitted, but interrupted before the id came back) it is found
+        by its name, unique to the run, and one that does not show up is looked for
+        :attr:`down_rechecks` more times: its submission may still be on its way. A
+        stopped jobs controller means every managed job has ended (SkyPilot stops it
+        only then; ``cancel`` and ``queue_v2`` raise ``ClusterNotUpError``,
+        ``sky/backends/backend_utils.py: is_controller_accessible``).
+
+        Raises:
+            LaunchError: the controller is not reachable (starting), or the job did
+                not end.
+        """
+        from sky import exceptions
+
+        needed = 1 + (self.down_rechecks if job_id is None else 0)
+        quiet = 0
+        cancels = 0
+        try:
+            for _ in range(needed + 2 * self.down_rechecks + 2):
+                live = self._live_jobs(name, job_id)
+                if not live:
+                    quiet += 1
+                    if quiet >= needed:
+                        break
+                    self._sleep(self.down_recheck_s)
+                    continue
+                quiet = 0
+                if cancels and all(status == "CANCELLING" for status in live.values()):
+                    self._sleep(self.down_recheck_s)  # the controller is on it
+                    continue
+                cancels += 1
+                ids = sorted(live)
+                self._call(
+                    lambda i=ids: self.sdk.get(self.jobs_sdk.cancel(job_ids=i)),  # type: ignore[misc]
+                    f"cancel managed job {name}",
+                )
+            else:
+                raise LaunchError(
+                    f"managed job {name} did not end after cancelling it {cancels} time(s)"
+                )
+        except exceptions.ClusterNotUpError as exc:
+            status = _value(getattr(exc, "cluster_status", None))
+            if status not in (None, "STOPPED"):
+                raise LaunchError(
+                    f"cancel managed job {name}: SkyPilot's jobs controller is {status}, not "
+                    "reachable yet; try again in a few minutes"
+                ) from None
+            self.notes.append(
+                f"{name}: SkyPilot's jobs controller is stopped, which it does only once no "
+                "managed job runs: the job has ended"
+            )
+        if self.ledger is not None:
+            self.ledger.mark(name, "down", kind="managed-job", job_id=job_id)
+
+    def _live_jobs(self, name: str, job_id: int | None) -> dict[int, str]:
+        """The job's (or, without an id, the jobs named ``name``'s) status, for those
+        not ended yet."""
+        by: dict[str, Any] = {"job_ids": [job_id]} if job_id is not None else {"name_match": name}
+        result = self._call(
+            lambda: self.sdk.get(
+                self.jobs_sdk.queue_v2(refresh=False, fields=["job_id", "job_name", "status"], **by)
+            ),
+            f"status of managed job {name}",
+        )
+        records = result[0] if isinstance(result, tuple) else result
+        live = {}
+        for r in records or []:
+            if r["job_name"] != name or (job_id is not None and int(r["job_id"]) != job_id):
+                continue
+            status = _value(r["status"])
+            if status is None or not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
+                live[int(r["job_id"])] = str(status)
+        return live
+
+
+def _value(raw: Any) -> str | None:
+    """An enum's value (SkyPilot's statuses), as text; ``None`` stays ``None``."""
+    return None if raw is None else str(getattr(raw, "value", raw))
 
 
 def _as_managed(handle: object) -> ManagedJob:

@@ -26,7 +26,7 @@ process (``python -m lightning_srifty.launch.sky_runtime``); :func:`activate_in_
 exists for entry points (tests, an offline CLI mode) that must build ``sky.Task``
 objects before anything else imports ``sky``.
 
-Only this module and :mod:`lightning_srifty.launch.sky_backend` import ``sky``, lazily.
+Only this module and the other ``launch/sky_*`` modules import ``sky``, lazily.
 """
 
 from __future__ import annotations

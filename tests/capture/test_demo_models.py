@@ -187,3 +187,41 @@ def test_accumulation_profiles_optimizer_steps(tmp_path: Path) -> None:
     assert limits["batches_per_epoch"] == 128 // CNN_BATCH
     assert limits["optimizer_steps_per_batch"] == pytest.approx(0.5)
     assert limits["automatic_optimization"] is True
+
+
+@pytest.mark.parametrize("fixture", ["transformer", "cnn"])
+def test_no_gpu_prediction_falls_below_the_profiles_floors(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """A CPU profile priced on every GPU AWS sells: the host time it measured (data
+    loading, Python, the framework) is kept as host time, and the device work cannot
+    run faster than its FLOPs at the GPU's peak nor than its kernel launches (5 us
+    each, the low end of HolisticTraceAnalysis's 5-20 us). Real profiles, the shipped
+    model."""
+    from lightning_srifty.core.cluster import Cluster, ClusterGroup
+    from lightning_srifty.core.perfmodel import PerformanceModel
+    from lightning_srifty.io.calibration_io import load_default_calibration
+    from lightning_srifty.io.catalog_io import load_gpu_specs, planning_offers
+
+    profile, _ = request.getfixturevalue(fixture)
+    steps = profile.steps
+    host_s = steps.step.mean_s - (steps.forward_s + steps.backward_s + steps.optimizer_s)
+    assert host_s > 0  # the profile measured some host time
+    flops = sum(x.flops for x in profile.layers)
+    assert flops > 0
+    specs = load_gpu_specs()
+    model = PerformanceModel(specs, load_default_calibration())
+    seen = set()
+    for offer in planning_offers("bundled", profile.environment.accelerator):
+        if offer.accelerator in seen or offer.accelerator not in specs:
+            continue
+        seen.add(offer.accelerator)
+        spec = specs[offer.accelerator]
+        peak = 1e12 * max(spec.fp16_tflops, spec.tf32_tflops, spec.fp32_tflops)
+        step = model.predict(profile, Cluster((ClusterGroup(offer, 1, 1),))).step_s
+        assert step >= host_s * (1 - 1e-9), f"{offer.accelerator}: {step} < host {host_s}"
+        assert step >= host_s + flops / peak * (1 - 1e-9), offer.accelerator
+        # ... nor faster than its kernel launches: >= 3 per layer with parameters, 2 else.
+        launches = sum(3 if x.param_count else 2 for x in profile.layers)
+        assert step >= host_s + launches * 5e-6 * (1 - 1e-9), offer.accelerator
+    assert len(seen) >= 5  # T4, A10G, L4, V100, A100, H100 ... all priced

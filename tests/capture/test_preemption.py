@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -51,6 +52,21 @@ def test_sigterm_raises_the_flag_and_close_restores_the_handler() -> None:
 
 
 FORCED = {"SRIFTY_IMDS": "on"}  # the test's local service stands in for EC2's
+
+
+def test_the_aws_sdk_endpoint_override_points_the_watcher_at_another_service() -> None:
+    with serve_fake_imds() as endpoint:
+        env = {**FORCED, "AWS_EC2_METADATA_SERVICE_ENDPOINT": endpoint + "/"}
+        watcher = PreemptionWatcher(env, poll_s=0.05)
+        assert watcher.endpoint == endpoint
+        FakeImds.spot_notice = {"action": "stop", "time": "2026-11-23T01:02:03Z"}
+        watcher.start()
+        try:
+            assert _wait_for(watcher.should_checkpoint)
+            assert "stop at" in watcher.reason
+        finally:
+            watcher.close()
+    assert PreemptionWatcher(FORCED).endpoint == "http://169.254.169.254"
 
 
 def test_spot_notice_from_imds_raises_the_flag() -> None:
@@ -156,3 +172,54 @@ def test_finish_preempted_leaves_the_marker(tmp_path: Path) -> None:
     assert finish_preempted(tmp_path / "state") == proto.PREEMPTED_EXIT_CODE
     assert (tmp_path / "state" / proto.PREEMPTED_MARKER).exists()
     assert finish_preempted(None) == proto.PREEMPTED_EXIT_CODE
+
+
+def test_a_dropped_token_reply_degrades_to_sigterm_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Docker hop-limit case: token PUTs go unanswered, SIGTERM still works."""
+    original = signal.getsignal(signal.SIGTERM)
+    with serve_fake_imds() as endpoint:
+        FakeImds.drop_token_replies = True
+        client = ImdsClient(endpoint, timeout_s=0.1, attempts=1)
+        watcher = PreemptionWatcher(FORCED, endpoint=endpoint, poll_s=0.01, client=client)
+        with caplog.at_level(logging.DEBUG, logger="lightning_srifty.capture.preemption"):
+            watcher.start()
+            try:
+                assert _wait_for(lambda: watcher.failed_polls >= 3, timeout_s=20)
+                assert "no IMDSv2 token" in watcher.degraded
+                os.kill(os.getpid(), signal.SIGTERM)
+                assert _wait_for(watcher.should_checkpoint)
+                assert watcher.reason == "SIGTERM"
+            finally:
+                watcher.close()
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1
+        message = warnings[0].getMessage()
+        assert "the job still saves on SIGTERM" in message
+        assert "hop limit is 1" in message and "--http-put-response-hop-limit 2" in message
+        assert set(FakeImds.requests) == {"PUT /latest/api/token"}  # never got further
+    assert signal.getsignal(signal.SIGTERM) == original
+
+
+def test_the_watcher_says_when_the_notice_is_reachable_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with serve_fake_imds() as endpoint:
+        FakeImds.drop_token_replies = True
+        client = ImdsClient(endpoint, timeout_s=0.1, attempts=1)
+        watcher = PreemptionWatcher(FORCED, endpoint=endpoint, poll_s=0.01, client=client)
+        with caplog.at_level(logging.WARNING, logger="lightning_srifty.capture.preemption"):
+            watcher.start()
+            try:
+                assert _wait_for(lambda: watcher.failed_polls >= 1, timeout_s=20)
+                FakeImds.drop_token_replies = False  # the hop limit was raised
+                FakeImds.spot_notice = {"action": "terminate", "time": "t"}
+                assert _wait_for(watcher.should_checkpoint, timeout_s=20)
+            finally:
+                watcher.close()
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == 3, messages
+        assert "unavailable" in messages[0] and "reachable again" in messages[1]
+        assert "EC2 spot interruption notice" in messages[2]
+        assert watcher.degraded == ""

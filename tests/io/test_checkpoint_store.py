@@ -12,6 +12,8 @@ import pytest
 
 from lightning_srifty.core.errors import CheckpointError, CredentialsError, StoreUnavailableError
 from lightning_srifty.io.checkpoint_store import (
+    ORPHAN_AGE_S,
+    CheckpointRef,
     CheckpointStore,
     LocalStore,
     S3Store,
@@ -112,12 +114,40 @@ def test_future_manifest_version_is_not_trusted(store_uri: str, tmp_path: Path) 
     assert [r.id for r in store.refs()] == [old.id]
 
 
-def test_orphaned_data_is_pruned_but_never_the_kept_ones(store_uri: str, tmp_path: Path) -> None:
+def test_orphaned_data_is_pruned_once_no_upload_can_still_be_on_it(
+    store_uri: str, tmp_path: Path
+) -> None:
     store = open_store(store_uri, keep=2)
     orphan_id = new_checkpoint_id(1, None)
     store._put_file(_payload(tmp_path, "orphan"), f"data/{orphan_id}.ckpt")  # noqa: SLF001
     kept = store.save(_payload(tmp_path, "k", seed=11), step=2, reason="p")
-    assert store._list("data") == [f"{kept.id}.ckpt"]  # noqa: SLF001
+    young = sorted(store._list("data"))  # noqa: SLF001
+    assert young == sorted([f"{orphan_id}.ckpt", f"{kept.id}.ckpt"])  # may be in flight
+    later = time.time_ns() + int((ORPHAN_AGE_S + 60) * 1e9)
+    store.now_ns = lambda: later
+    newer = store.save(_payload(tmp_path, "k2", seed=12), step=3, reason="p")
+    assert sorted(store._list("data")) == sorted(  # noqa: SLF001
+        [f"{kept.id}.ckpt", f"{newer.id}.ckpt"]
+    )
+
+
+def test_two_writers_never_lose_the_one_further_ahead(store_uri: str, tmp_path: Path) -> None:
+    """Writer B's upload is in flight (data, no manifest yet) while writer A, behind,
+    saves and prunes; B's manifest then lands. A resume takes B's step, with its data."""
+    a = open_store(store_uri, keep=1)
+    b = open_store(store_uri, keep=1)
+    a.save(_payload(tmp_path, "a100", seed=1), step=100, reason="p")
+    b_id = new_checkpoint_id(120, None)
+    b_data = _payload(tmp_path, "b120", seed=2)
+    b._put_file(b_data, f"data/{b_id}.ckpt")  # noqa: SLF001 - B's upload, first half
+    a.save(_payload(tmp_path, "a110", seed=3), step=110, reason="p")  # A prunes here
+    ref = CheckpointRef(b_id, 120, "p", time.time(), b_data.stat().st_size,
+                        sha256_of(b_data), {})  # fmt: skip
+    b._put_bytes(json.dumps(ref.to_manifest()).encode(), ref.manifest_name)  # noqa: SLF001
+    a.save(_payload(tmp_path, "a111", seed=4), step=111, reason="p")  # and again
+    found = open_store(store_uri).fetch_latest(tmp_path / "restore")
+    assert found is not None
+    assert found[1].step == 120 and found[0].read_bytes() == b_data.read_bytes()
 
 
 def test_ids_never_go_backwards_when_the_clock_does() -> None:
@@ -265,7 +295,7 @@ def test_a_long_outage_is_a_clear_error_and_nothing_is_pruned_afterwards(
     left = open_store(s3_uri).checkpoint_ids()
     assert set(ids) <= set(left)
     found = open_store(s3_uri).fetch_latest(tmp_path / "again")
-    assert found is not None and found[1].step == 5  # newest by time, older kept too
+    assert found is not None and found[1].step == 300  # the most progress, all kept
     assert {int(i[-9:]) for i in left} == {5, 100, 200, 300}
 
 
@@ -278,7 +308,8 @@ def test_a_restart_from_scratch_never_prunes_checkpoints_further_ahead(
         fresh.save(_payload(tmp_path, f"n{step}", seed=step), step=step, reason="p")
     left = fresh.checkpoint_ids()
     assert set(ids) <= set(left), "pruning deleted checkpoints with more progress"
-    assert len(left) == 6
+    assert fresh.verified_id in left  # its own newest is never pruned either
+    assert [int(i[-9:]) for i in left] == [300, 200, 100, 15]
 
 
 def test_missing_newest_data_still_falls_back(store_uri: str, tmp_path: Path) -> None:

@@ -221,6 +221,8 @@ def test_sky_backend_launches_real_tasks_through_the_sdk(
     ((remote, local),) = task.file_mounts.items()
     assert remote.startswith("~/.srifty/wheels/lightning_srifty-") and Path(local).is_file()
     setup_lines = (task.setup or "").splitlines()
+    # After the profiled torch and Lightning (tests/launch/test_sky_node.py checks those).
+    setup_lines = setup_lines[setup_lines.index("set -euo pipefail") :]
     assert Path(remote).name in setup_lines[1] and setup_lines[1].startswith("pip install")
     assert setup_lines[2:] == ["pip install -r requirements.txt", "echo extra-setup"]
     ignore = (project / ".skyignore").read_text().splitlines()
@@ -313,6 +315,18 @@ pl.Trainer(max_steps=5, logger=False, enable_checkpointing=False,
            default_root_dir={root!r}).fit(DigitsModule(hidden=16), DigitsDataModule())
 """
 
+TOO_SHORT = """
+import sys
+sys.path.insert(0, {examples!r})
+import lightning.pytorch as pl
+from digits import DigitsDataModule, DigitsModule
+from lightning_srifty import SriftyCallback
+
+pl.Trainer(max_epochs=1, limit_train_batches=3, callbacks=[SriftyCallback()], logger=False,
+           enable_checkpointing=False, default_root_dir={root!r}).fit(
+    DigitsModule(hidden=16), DigitsDataModule())
+"""
+
 
 @pytest.mark.parametrize(
     ("case", "message"),
@@ -331,6 +345,11 @@ pl.Trainer(max_steps=5, logger=False, enable_checkpointing=False,
         ("no-callback", "has no SriftyCallback"),
         ("sky-missing", "--backend sky needs SkyPilot, which is not installed: pip install"),
         ("crash", "crashed during profiling (exit code 1); its own traceback is above"),
+        (
+            "too-short",
+            "after 3 batches, before the profiling window (25 batches); the script's "
+            "own Trainer(max_epochs=1 with 3 batches an epoch) stopped it",
+        ),
         ("unreachable-bucket", "S3 check failed for s3://srifty-unreachable/x"),
         ("no-credentials", "no usable AWS credentials"),
     ],
@@ -371,8 +390,8 @@ def test_failures_are_one_line_with_a_nonzero_exit(
     elif case == "sky-missing":
         monkeypatch.setitem(sys.modules, "sky", None)  # what `import sky` sees without it
         args += ["--backend", "sky", "--checkpoint-uri", "s3://bucket/x"]
-    elif case in ("no-callback", "crash"):
-        body = NO_CALLBACK if case == "no-callback" else CRASHING
+    elif case in ("no-callback", "crash", "too-short"):
+        body = {"no-callback": NO_CALLBACK, "crash": CRASHING, "too-short": TOO_SHORT}[case]
         path = tmp_path / f"{case}.py"
         path.write_text(body.format(examples=str(EXAMPLES), root=str(tmp_path / "root")))
         args = [str(path), *target, *run]

@@ -33,23 +33,22 @@ from lightning_srifty.core.launch_protocol import ENV_CHECKPOINT_URI
 from lightning_srifty.io.cluster_ledger import ClusterLedger
 from lightning_srifty.launch import sky_runtime
 from lightning_srifty.launch.backend import JobState, LaunchSpec
-from lightning_srifty.launch.sky_backend import (
+from lightning_srifty.launch.sky_backend import SkyBackend
+from lightning_srifty.launch.sky_client import combine_states, map_status
+from lightning_srifty.launch.sky_tasks import (
     ENV_EXPECTED_HOURLY_USD,
     ENV_MASTER_ADDR,
     ENV_NODE_RANK_OFFSET,
     ENV_TOTAL_NODES,
-    SkyBackend,
     build_task,
     build_tasks,
     checked_envs,
-    combine_states,
     dry_run,
     make_time_estimator,
-    map_status,
     plan_to_resources,
     task_to_yaml,
 )
-from tests.fakes import ClusterScript, FakeSkyApi
+from tests.fakes import ApiFault, ClusterScript, FakeSkyApi
 
 # Published figures for the physics-based step-time model used in the ranking test.
 # FP32 peak TFLOP/s: NVIDIA T4, A10G (AWS G5 page), V100 SXM2, L4 datasheets.
@@ -296,6 +295,7 @@ def execute_run(
         "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
         "HOME": str(tmp_path),
         "ARGV_OUT": str(tmp_path / "argv.json"),
+        "SRIFTY_GPU_CHECK": "0",  # the node pretends to have GPUs; test_sky_node checks them
         **node_env,
     }
     return subprocess.run(  # noqa: S603 - fixed argv
@@ -607,7 +607,9 @@ def test_launch_status_stop_records_the_real_task(sky: Any, tmp_path: Path) -> N
 
     ((cluster_name, task, kwargs),) = fake.launched
     assert isinstance(task, sky.Task)
-    assert cluster_name == "run-t3st01" and kwargs["down"] is False
+    # SkyPilot itself takes the cluster down 10 idle minutes after its job ends.
+    assert cluster_name == "run-t3st01" and kwargs["down"] is True
+    assert kwargs["idle_minutes_to_autostop"] == 10
     (res,) = task.resources
     assert (res.instance_type, res.use_spot, res.region, res.zone) == (
         "g5.12xlarge",
@@ -696,3 +698,97 @@ def test_real_sdk_without_api_server_is_a_launch_error(sky: Any) -> None:
     with pytest.raises(LaunchError, match="API server") as error:
         backend.check_credentials()
     assert not isinstance(error.value, CredentialsError)
+
+
+def test_plans_priced_over_efa_ask_skypilot_for_it(sky: Any) -> None:
+    """A plan priced with EFA gets ``network_tier: best`` (what makes SkyPilot attach the
+    type's EFA interfaces); one node, or a type without EFA, stays on the default."""
+    from sky.utils import resources_utils
+
+    from lightning_srifty.io.catalog_io import load_catalog
+    from lightning_srifty.launch.sky_jobs import managed_task
+
+    offers = {o.instance_type: o for o in load_catalog("bundled").offers}
+    p4d, g4dn = offers["p4d.24xlarge"], offers["g4dn.xlarge"]
+    assert p4d.node_links.uses_efa and not g4dn.node_links.uses_efa  # as the CSV says
+
+    def plan(o: Offer, nodes: int) -> Plan:
+        cluster = Cluster((ClusterGroup(o, nodes, o.accelerator_count),))
+        hourly = cluster.hourly_price(False) or 0.0
+        return Plan(cluster=cluster, use_spot=False, step_s=1.0, step_low_s=1.0,
+                    step_high_s=1.0, global_batch=cluster.world_size, steps_to_target=10,
+                    time_to_target_h=1.0, cost_usd=hourly, hourly_usd=hourly)  # fmt: skip
+
+    best = resources_utils.NetworkTier.BEST
+    tiers = [r.network_tier for r in plan_to_resources([plan(p4d, 2), plan(p4d, 1)])]
+    assert tiers == [best, None]
+    assert plan_to_resources([plan(g4dn, 2)])[0].network_tier is None
+    # Through the YAML SkyPilot reads back (schema validation included), managed too.
+    (task,) = build_tasks(plan(p4d, 2), script="train.py", setup="true", envs={})
+    again = sky.Task.from_yaml_config(task.to_yaml_config())
+    assert {r.network_tier for r in again.resources} == {best}
+    managed = managed_task([plan(p4d, 2)], script="train.py", setup="true")
+    assert {r.network_tier for r in managed.resources} == {best}
+
+
+def test_skypilots_optimizer_prices_an_efa_task(
+    sky: Any, sky_runtime_dir: sky_runtime.OfflineRuntime, tmp_path: Path
+) -> None:
+    """``network_tier: best`` on an EFA type is a task SkyPilot's own optimizer accepts and
+    prices as the catalog does (no EFA surcharge on AWS)."""
+    from lightning_srifty.io.catalog_io import load_catalog
+
+    p4d = next(o for o in load_catalog("bundled").offers if o.instance_type == "p4d.24xlarge")
+    task = build_task(ClusterGroup(p4d, 2, 8), use_spot=False, script="train.py", name="efa")
+    assert "network_tier: best" in task_to_yaml(task)
+    report = dry_run([task], tmp_path / "dry", runtime=sky_runtime_dir)
+    (entry,) = report.entries
+    assert entry.sky_choice.instance_type == "p4d.24xlarge" and entry.sky_choice.num_nodes == 2
+    assert entry.relative_difference == pytest.approx(0.0, abs=1e-6)
+
+
+def test_efa_is_priced_as_the_users_skypilot_config_will_attach_it(
+    sky: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SkyPilot attaches every EFA interface only with ``aws.use_internal_ips``; read
+    through SkyPilot's own config loader."""
+    from sky import skypilot_config
+
+    from lightning_srifty.launch.sky_tasks import launched_efa_mode
+
+    config = tmp_path / "config.yaml"
+    try:
+        for text, mode in (("aws:\n  use_internal_ips: true\n  use_ssm: true\n", "all"),
+                           ("allowed_clouds:\n  - aws\n", "one")):  # fmt: skip
+            config.write_text(text)
+            monkeypatch.setenv("SKYPILOT_GLOBAL_CONFIG", str(config))
+            skypilot_config.reload_config()
+            assert launched_efa_mode() == mode
+    finally:
+        monkeypatch.undo()
+        skypilot_config.reload_config()
+
+
+def test_a_silent_head_on_a_cluster_that_reads_up_loses_the_attempt(sky: Any) -> None:
+    """job_status raises CommandError (sky/backends/cloud_vm_ray_backend.py:
+    get_job_status) while even a FORCE refresh reads UP: tolerated for the notice
+    window, then the attempt counts as lost, never as a crash."""
+
+    def head_silent() -> None:
+        raise sky.exceptions.CommandError(
+            255, "job_lib.get_statuses_payload", "Failed to get job status.", "ssh: timed out"
+        )
+
+    fake = FakeSkyApi(scripts=[ClusterScript(steps_per_s=0.1)])
+    backend = backend_on(fake)
+    handle = backend.launch(spec(homogeneous("g5.12xlarge", "use1-az1", 1, use_spot=False)))
+    fake.clock.sleep(200)
+    assert backend.status(handle) is JobState.RUNNING
+    fake.restarts.extend(ApiFault("job_status", head_silent) for _ in range(40))
+    assert backend.status(handle) is JobState.RUNNING
+    fake.clock.sleep(100)
+    assert backend.status(handle) is JobState.RUNNING
+    fake.clock.sleep(60)
+    assert backend.status(handle) is JobState.PREEMPTED
+    assert "reads UP but its head did not answer for 160 s" in backend.failure_detail(handle)
+    assert "status" in fake.calls and fake.downs == []  # moving on is the controller's call

@@ -19,16 +19,19 @@ from typing import Any
 import pytest
 
 from lightning_srifty.core.cluster import Plan
-from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.core.errors import ConfigError, LaunchError
 from lightning_srifty.core.monitor import Expectation
+from lightning_srifty.core.planner import PlanRequest
 from lightning_srifty.core.spot import make_policy
 from lightning_srifty.io.cluster_ledger import ClusterLedger
 from lightning_srifty.launch.backend import LaunchSpec
 from lightning_srifty.launch.controller import Controller, RunSummary
 from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
-from lightning_srifty.launch.sky_backend import ApiPatience, SkyBackend, SkyClient
+from lightning_srifty.launch.sky_backend import SkyBackend
+from lightning_srifty.launch.sky_client import ApiPatience, SkyClient
 from lightning_srifty.launch.sky_jobs import SkyJobsBackend
-from tests.fakes import SAVE_S, ClusterScript, FakeSkyApi
+from lightning_srifty.launch.sky_tasks import build_tasks
+from tests.fakes import SAVE_S, ApiRestart, ClusterScript, FakeSkyApi, RecordingUI
 from tests.launch.test_sky_backend import homogeneous
 
 TARGET = 2000
@@ -149,12 +152,16 @@ def _launched(outcome: Outcome) -> list[str]:
 def _assert_all_down(outcome: Outcome) -> None:
     """Nothing the run started may still exist, and the ledger agrees."""
     assert outcome.fake.left_up() == []
-    assert all(state == "down" for _, state in outcome.ledger), outcome.ledger
-    assert {name for name, _ in outcome.ledger} == set(_launched(outcome))
+    ledger = [(e.name, e.state) for e in ClusterLedger(outcome.controller.run_dir).entries()]
+    assert all(state == "down" for _, state in ledger), ledger
+    assert {name for name, _ in ledger} == set(_launched(outcome))
+    now = outcome.fake.clock.now
     for name in outcome.fake.clusters:
         cluster = outcome.fake.clusters[name]
         taken_back = cluster.reclaim_at is not None and cluster.script.reclaim == "terminate"
-        assert name in outcome.fake.downs or taken_back, f"{name} was never taken down"
+        autodown = cluster.autodown_at()
+        went_itself = autodown is not None and now >= autodown
+        assert name in outcome.fake.downs or taken_back or went_itself, f"{name} still up"
 
 
 def _completed(outcome: Outcome) -> RunSummary:
@@ -240,7 +247,22 @@ def api_away_too_long(o: Outcome) -> None:
     assert o.summary is None
     assert "the SkyPilot API server was unreachable for 30 min" in o.error
     assert "as long as srifty-launch waits (30 min;" in o.error
+    assert "10 min after its job ends" in o.error and "srifty down" in o.error
     assert "\n" not in o.error
+    # A failed API call is no reason to stop a healthy job: the cluster trains on ...
+    (name,) = _launched(o)
+    cluster = o.fake.clusters[name]
+    assert o.fake.downs == [] and o.fake.cancels == [] and o.ledger == [(name, "up")]
+    assert cluster.job_status(o.fake.clock.now) == "RUNNING"
+    # ... to its end, and SkyPilot's autostop takes it down 10 idle minutes later.
+    end = cluster.death_at()
+    assert cluster.job_status(end) == "SUCCEEDED" and cluster.stored_step(end) == TARGET
+    o.fake.clock.now = end + 9 * 60
+    assert o.fake.left_up() == [name]
+    o.fake.clock.now = end + 10 * 60
+    assert o.fake.left_up() == []
+    # `srifty down` later finds it gone and says so in the ledger.
+    assert make_backend(o.fake, o.controller.run_dir).down_recorded() == [name]
 
 
 def log_stream_drops(o: Outcome) -> None:
@@ -290,6 +312,76 @@ def on_demand_interrupted(o: Outcome) -> None:
     assert seen.interruptions == 0  # not counted against the spot market
 
 
+def stale_status(o: Outcome) -> None:
+    summary = _completed(o)
+    (move,) = summary.migrations  # lost the attempt, moved on; no crash
+    assert move.reason.startswith("on-demand interruption")
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.reclaim_at is not None and first.script.stale_s > 0
+
+
+def _one_healthy_attempt(o: Outcome) -> RunSummary:
+    """Completed on the first cluster: nothing was cancelled, torn down early or moved."""
+    summary = _completed(o)
+    assert len(summary.attempts) == 1 and summary.migrations == ()
+    assert o.fake.cancels == [] and o.fake.duplicate_jobs == []
+    assert o.fake.downs == [_launched(o)[0]]  # once, after the job was done
+    return summary
+
+
+def api_restarts_mid_run(o: Outcome) -> None:
+    _one_healthy_attempt(o)
+    assert sorted(o.fake.dropped) == ["job_status", "status", "status"]
+    assert o.backend.api_reissues == 3 and o.fake.restarts == []
+
+
+def api_restart_before_launch_acted(o: Outcome) -> None:
+    _one_healthy_attempt(o)
+    assert o.fake.dropped == ["launch"]
+    first, second = _launched(o)
+    assert first == second  # the same named cluster, launched again
+    assert len(o.fake.clusters) == 1
+
+
+def api_restart_mid_provisioning(o: Outcome) -> None:
+    api_restart_before_launch_acted(o)  # launching the name again finished the cluster
+
+
+def api_restart_after_the_job_was_submitted(o: Outcome) -> None:
+    _one_healthy_attempt(o)
+    assert o.fake.dropped == ["launch"]
+    assert len(_launched(o)) == 1  # its job was found in the queue and followed
+    assert "queue" in o.fake.calls
+
+
+def api_restart_during_teardown(o: Outcome) -> None:
+    _completed(o)
+    assert o.fake.dropped == ["down"]
+
+
+def log_stream_restarts(o: Outcome) -> None:
+    summary = _one_healthy_attempt(o)
+    events = summary.attempts[0].events
+    assert len(events) == len({e.to_line() for e in events})  # no duplicates
+    assert [e.event for e in events][0] == "start" and events[-1].event == "done"
+
+
+def api_keeps_restarting(o: Outcome) -> None:
+    assert o.summary is None
+    assert "the SkyPilot API server dropped the request 6 times in a row" in o.error
+    assert "\n" not in o.error
+    (name,) = _launched(o)
+    assert o.fake.downs == [] and o.fake.cancels == []  # healthy: left to finish
+    assert o.fake.clusters[name].job_status(o.fake.clock.now) == "RUNNING"
+    o.fake.clock.now = o.fake.clusters[name].death_at() + 600
+    assert o.fake.left_up() == []  # and to go by itself (autostop)
+    assert make_backend(o.fake, o.controller.run_dir).down_recorded() == [name]
+
+
+def _restarts(*restarts: ApiRestart) -> Callable[[FakeSkyApi], None]:
+    return lambda fake: fake.restarts.extend(restarts)
+
+
 SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcome], None]]] = {
     "healthy": ([ClusterScript()], {}, healthy),
     "notice-then-terminated": (
@@ -333,7 +425,7 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         api_away_for_minutes,
     ),
     "api-away-40-min": (
-        [ClusterScript()],
+        [ClusterScript(steps_per_s=0.5)],  # still training when the launcher gives up
         {
             "prepare": lambda fake: fake.outages.append((400.0, 2800.0)),
             "api": ApiPatience(patience_s=1800.0),
@@ -361,6 +453,52 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
         {"first": ON_DEMAND},
         on_demand_interrupted,
+    ),
+    "stale-up-after-the-head-is-gone": (
+        [ClusterScript(preempt_after_s=300, notice=False, stale_s=60), ClusterScript()],
+        {"first": ON_DEMAND},
+        stale_status,
+    ),
+    "api-restarts-mid-run": (
+        [ClusterScript()],
+        {
+            "prepare": _restarts(
+                ApiRestart("status"),
+                ApiRestart("job_status", legacy=True),
+                ApiRestart("status", effect="done"),
+            )  # fmt: skip
+        },
+        api_restarts_mid_run,
+    ),
+    "api-restart-before-launch-acted": (
+        [ClusterScript()],
+        {"prepare": _restarts(ApiRestart("launch"))},
+        api_restart_before_launch_acted,
+    ),
+    "api-restart-mid-provisioning": (
+        [ClusterScript()],
+        {"prepare": _restarts(ApiRestart("launch", effect="partial", legacy=True))},
+        api_restart_mid_provisioning,
+    ),
+    "api-restart-after-job-submitted": (
+        [ClusterScript()],
+        {"prepare": _restarts(ApiRestart("launch", effect="done"))},
+        api_restart_after_the_job_was_submitted,
+    ),
+    "api-restart-during-teardown": (
+        [ClusterScript()],
+        {"prepare": _restarts(ApiRestart("down", effect="done"))},
+        api_restart_during_teardown,
+    ),
+    "log-stream-restarts": (
+        [ClusterScript()],
+        {"prepare": lambda fake: setattr(fake, "log_interrupts", 3)},
+        log_stream_restarts,
+    ),
+    "api-keeps-restarting": (
+        [ClusterScript(steps_per_s=0.5)],
+        {"prepare": _restarts(*[ApiRestart("job_status", after=600.0)] * 6)},
+        api_keeps_restarting,
     ),
 }
 
@@ -430,6 +568,31 @@ def managed_ctrl_c(o: Outcome) -> None:
     assert o.fake.managed[1].status == "CANCELLED"  # Ctrl-C cancelled the managed job
 
 
+def managed_one_job(o: Outcome) -> None:
+    """Completed by exactly one managed job that nobody cancelled."""
+    summary = _completed(o)
+    assert summary.recoveries == 0
+    assert list(o.fake.managed) == [1] and o.fake.cancels == []
+
+
+def managed_resubmitted(o: Outcome) -> None:
+    managed_one_job(o)
+    assert o.fake.dropped == ["jobs.launch"]
+    assert len(o.fake.launched) == 2  # the dropped submission created nothing
+
+
+def managed_found_in_queue(o: Outcome) -> None:
+    managed_one_job(o)
+    assert o.fake.dropped == ["jobs.launch"]
+    assert len(o.fake.launched) == 1  # the queue had it: not submitted twice
+
+
+def managed_restarts_mid_run(o: Outcome) -> None:
+    managed_one_job(o)
+    assert o.fake.dropped == ["jobs.queue_v2", "jobs.queue_v2"]
+    assert o.backend.api_reissues == 2
+
+
 MANAGED: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcome], None]]] = {
     "healthy": ([ClusterScript()], {}, managed_healthy),
     "notice-exit-75-recovered": (
@@ -456,6 +619,31 @@ MANAGED: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcome]
         managed_api_away,
     ),
     "ctrl-c-cancels": ([ClusterScript()], {"interrupt_after_polls": 30}, managed_ctrl_c),
+    "api-restart-before-submission-acted": (
+        [ClusterScript()],
+        {"prepare": _restarts(ApiRestart("jobs.launch"))},
+        managed_resubmitted,
+    ),
+    "api-restart-after-submission": (
+        [ClusterScript()],
+        {"prepare": _restarts(ApiRestart("jobs.launch", effect="done", legacy=True))},
+        managed_found_in_queue,
+    ),
+    "api-restarts-mid-run": (
+        [ClusterScript()],
+        {
+            "prepare": _restarts(
+                ApiRestart("jobs.queue_v2", after=500.0),
+                ApiRestart("jobs.queue_v2", legacy=True, after=500.0),
+            ),
+        },
+        managed_restarts_mid_run,
+    ),
+    "log-stream-restarts": (
+        [ClusterScript()],
+        {"prepare": lambda fake: setattr(fake, "log_interrupts", 2)},
+        managed_one_job,
+    ),
 }
 
 
@@ -535,3 +723,111 @@ def test_teardown_waits_out_an_api_outage(tmp_path: Path, sky_offline: object) -
     backend.stop(handle)
     assert fake.left_up() == [] and fake.clock.now >= 900.0
     assert backend.api_retries >= 5
+
+
+# ------------------------------------------------------------------------ --resume
+def test_resume_refuses_while_the_runs_managed_job_lives(
+    tmp_path: Path, sky_offline: object, s3_uri: str
+) -> None:
+    """A resumed run beside its still-running first job would be a second writer on the
+    same checkpoints: --resume stops in one line before anything is measured or sent."""
+    from lightning_srifty.launch.launcher import LaunchOptions, run_launch
+
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    first = make_backend(fake, tmp_path, managed=True)
+    assert isinstance(first, SkyJobsBackend)
+    first.candidates = (HOME, OTHER)
+    first.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    # The laptop closed; the user comes back and asks to resume the same run.
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run: the resume must stop before')\n")
+    request = PlanRequest(target_steps=50)
+    options = LaunchOptions(script=str(script), script_args=(), request=request,
+                            backend="sky-jobs", run_dir=tmp_path, resume=True,
+                            assume_yes=True, checkpoint_uri=s3_uri)  # fmt: skip
+    again = make_backend(fake, tmp_path, managed=True)
+    launched = len(fake.launched)
+    with pytest.raises(ConfigError) as error:
+        run_launch(options, RecordingUI(), backend=again)
+    message = str(error.value)
+    assert "managed job 1 (" in message and f"srifty down {tmp_path}" in message
+    assert "\n" not in message and len(fake.launched) == launched
+    assert fake.cancels == []  # the refusal leaves the live job alone
+    # Once it is taken down, nothing blocks the resume any more.
+    again.down_recorded()
+    fake.clock.sleep(60)
+    fake.jobs._advance(fake.managed[1])  # noqa: SLF001 - the jobs controller's next step
+    assert again.live_recorded() == []
+
+
+def test_live_clusters_are_what_skypilot_reports(tmp_path: Path, sky_offline: object) -> None:
+    outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40, keep=True)
+    (name,) = _launched(outcome)
+    later = make_backend(outcome.fake, tmp_path)
+    assert later.live_recorded() == [f"{name} (UP)"]
+    outcome.fake.clusters[name].downed_at = outcome.fake.clock.now  # `sky down` by hand
+    assert later.live_recorded() == []
+
+
+# ------------------------------------------------------------- confirmed teardown
+def _send_launch(fake: FakeSkyApi, backend: SkyClient, name: str) -> str:
+    """A launch request as srifty-launch sends it (autostop and down included)."""
+    (task,) = build_tasks(HOME, script="train.py", name=name, setup="true")
+    return fake.launch(task, cluster_name=name, idle_minutes_to_autostop=10, down=True)
+
+
+def test_a_down_before_the_launch_wrote_its_record_is_checked_again(
+    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sky.down`` answers ClusterDoesNotExist while the launch request still waits
+    on the server (sky/core.py: down); the cluster comes all the same. The launcher
+    died (SIGKILL) after sending it, before noting the request's id."""
+    from lightning_srifty.cli import down_cmd
+
+    fake = FakeSkyApi(scripts=[ClusterScript(listed_after_s=30)])
+    backend = make_backend(fake, tmp_path)
+    name = f"srifty-1-{backend.run_id}"
+    ClusterLedger(tmp_path, backend.run_id).mark(name, "launching")
+    _send_launch(fake, backend, name)
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=backend) == 0
+    assert f"down: {name}" in capsys.readouterr().out
+    assert name in fake.downs  # it showed up on a second look and was taken down
+    assert fake.clock.now >= 30
+    fake.clock.now += 3600
+    assert fake.left_up() == []
+    assert [e.state for e in ClusterLedger(tmp_path).entries()] == ["down"]
+
+
+def test_a_teardown_cancels_the_launch_request_first(tmp_path: Path, sky_offline: object) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript(listed_after_s=30)])
+    backend = make_backend(fake, tmp_path)
+    name = f"srifty-1-{backend.run_id}"
+    request = _send_launch(fake, backend, name)
+    ClusterLedger(tmp_path, backend.run_id).mark(name, "launching", request_id=request)
+    assert make_backend(fake, tmp_path).down_recorded() == [name]
+    assert "api_cancel" in fake.calls and fake.clock.now < 30  # no need to look again
+    fake.clock.now += 3600
+    assert fake.left_up() == [] and fake.downs == []  # the cluster never came
+
+
+def test_srifty_down_after_the_jobs_controller_stopped_is_one_line(
+    tmp_path: Path, sky_offline: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_srifty.cli import down_cmd
+
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    backend = make_backend(fake, tmp_path, managed=True)
+    assert isinstance(backend, SkyJobsBackend)
+    backend.candidates = (HOME,)
+    handle = backend.launch(LaunchSpec("train.py", (), HOME, {"SRIFTY_TARGET_STEPS": "50"}))
+    fake.clock.sleep(3600)  # the launcher was closed (--keep-clusters); the job ended
+    fake.jobs.stop_controller()  # and SkyPilot's jobs controller stopped itself
+    later = make_backend(fake, tmp_path, managed=True)
+    capsys.readouterr()
+    assert down_cmd.run(argparse.Namespace(run_dir=str(tmp_path)), backend=later) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any("jobs controller is stopped" in line and "has ended" in line for line in out)
+    assert [e.state for e in ClusterLedger(tmp_path).entries()] == ["down"]
+    assert fake.cancels == []
+    # Following such a job still reads how it ended (a refresh starts the controller).
+    assert backend.status(handle).value == "succeeded"

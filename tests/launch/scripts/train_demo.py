@@ -58,6 +58,18 @@ class Cnn(L.LightningModule):
         return DataLoader(TensorDataset(x, torch.randint(0, 10, (640,), generator=g)), batch_size=8)
 
 
+class WorkerDataModule(BoringDataModule):
+    """Lightning's demo data, read by ``num_workers`` DataLoader worker processes."""
+
+    def __init__(self, num_workers: int) -> None:
+        super().__init__()
+        self.num_workers = num_workers
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_train, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=("transformer", "cnn", "boring"), required=True)
@@ -66,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-epochs", type=int, default=None)
     p.add_argument("--explicit-devices", type=int, default=None)
     p.add_argument("--explicit-strategy", default=None)
+    p.add_argument("--num-workers", type=int, default=0)
     args = p.parse_args(argv)
     L.seed_everything(0)
     extra: dict[str, Any] = {}
@@ -85,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.model == "cnn":
         trainer.fit(Cnn())
     else:
-        trainer.fit(BoringModel(), datamodule=BoringDataModule())
+        trainer.fit(BoringModel(), datamodule=WorkerDataModule(args.num_workers))
     return 0
 
 

@@ -1,0 +1,37 @@
+"""What the launcher tells the nodes: the Trainer's shape and the profiled stack."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_srifty.core import launch_protocol as proto
+from lightning_srifty.core.errors import ConfigError
+
+
+def test_gpu_plans_name_the_accelerator_and_cpu_ones_leave_it_to_lightning() -> None:
+    gpu = proto.trainer_env(nodes=2, devices_per_node=4, root_dir=None, accelerator="gpu")
+    assert gpu["PL_TRAINER_ACCELERATOR"] == "gpu"
+    cpu = proto.trainer_env(nodes=1, devices_per_node=1, root_dir=None)
+    assert "PL_TRAINER_ACCELERATOR" not in cpu
+    assert "--trainer.accelerator=gpu" in proto.lightning_cli_args(gpu)
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "lightning_version", "expected"),
+    [
+        ("2.13.0+cpu", "2.6.6", ("2.13.0", "2.6.6")),
+        ("2.13.0+cu126", "2.6.0rc1", ("2.13.0", "2.6.0rc1")),
+        ("2.13.0", "2.6.6.post1", ("2.13.0", "2.6.6.post1")),
+    ],
+)
+def test_nodes_get_the_release_the_profile_ran(
+    torch_version: str, lightning_version: str, expected: tuple[str, str]
+) -> None:
+    env = proto.stack_env(torch_version, lightning_version)
+    assert (env[proto.ENV_TORCH_VERSION], env[proto.ENV_LIGHTNING_VERSION]) == expected
+
+
+@pytest.mark.parametrize("torch_version", ["2.13.0a0+git1234abc", "", "nightly"])
+def test_a_build_no_index_has_is_refused_in_one_line(torch_version: str) -> None:
+    with pytest.raises(ConfigError, match="torch_version .* is not a release"):
+        proto.stack_env(torch_version, "2.6.6")

@@ -478,6 +478,24 @@ def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_socket
     assert efa_mix.uses_efa
 
 
+def test_a_step_of_many_tiny_layers_is_bound_by_its_kernel_launches() -> None:
+    """100 layers of 1e6 FLOPs each, 2 ms of device time on the T4: a faster GPU
+    cannot run them in less than 100 x (1 forward + 2 backward) launches."""
+    layers = tuple(
+        LayerTiming(f"l{i}", "b", "Linear", 5e-6, 15e-6, 10, 40, flops=1e6, activation_bytes=1)
+        for i in range(100)
+    )
+    steps = StepTimes(Spread(0.002, 0.002, 0.002, 10), 0.0005, 0.0015, 0.0, 0.0, 0, 10)
+    prof = dataclasses.replace(
+        coarse({16: 0.002}), kind="detailed", layers=layers, steps=steps, batch_points=()
+    )
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
+    assert v100 == pytest.approx(100 * 3 * 5e-6)  # the roofline alone says 1 ms
+    t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
+    assert t4 == pytest.approx(0.002)  # measured where it ran: above the floor, unchanged
+
+
 def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:
     cal = Calibration(
         PHYS,
@@ -499,21 +517,3 @@ def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:
     # one GPU: no synchronisation, nothing the calibration's hardware could change
     alone = model.predict(PROFILE, one_group(1, 1, offer("V100", 4)))
     assert math.log(alone.high_s / alone.step_s) == pytest.approx(0.1)
-
-
-def test_a_step_of_many_tiny_layers_is_bound_by_its_kernel_launches() -> None:
-    """100 layers of 1e6 FLOPs each, 2 ms of device time on the T4: a faster GPU
-    cannot run them in less than 100 x (1 forward + 2 backward) launches."""
-    layers = tuple(
-        LayerTiming(f"l{i}", "b", "Linear", 5e-6, 15e-6, 10, 40, flops=1e6, activation_bytes=1)
-        for i in range(100)
-    )
-    steps = StepTimes(Spread(0.002, 0.002, 0.002, 10), 0.0005, 0.0015, 0.0, 0.0, 0, 10)
-    prof = dataclasses.replace(
-        coarse({16: 0.002}), kind="detailed", layers=layers, steps=steps, batch_points=()
-    )
-    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
-    v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
-    assert v100 == pytest.approx(100 * 3 * 5e-6)  # the roofline alone says 1 ms
-    t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
-    assert t4 == pytest.approx(0.002)  # measured where it ran: above the floor, unchanged

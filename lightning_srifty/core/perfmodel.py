@@ -405,7 +405,8 @@ class PerformanceModel:
         curve = fit_compute_curve(profile)
 
         ratio = np.full((n, width), np.nan)
-        for name, mask in _distinct(np.asarray(cand.accelerator), present):
+        accelerators = _distinct(np.asarray(cand.accelerator), present)
+        for name, mask in accelerators:
             r = self.compute_ratio(profile, name)
             ratio[mask] = np.nan if r is None else r
         known = ~np.isnan(ratio) | ~present
@@ -520,7 +521,7 @@ class PerformanceModel:
         low_log = np.full(n, -np.hypot(min(self.calibration.residual_low, 0.0), shift))
         high_log = np.full(n, np.hypot(max(self.calibration.residual_high, 0.0), shift))
         correction = self.calibration.correction
-        widen = self._unseen(cand, cols, present)
+        widen = self._unseen(accelerators, cols, present)
         if correction is not None:
             multi = (world > 1) & np.isfinite(step)
             if multi.any():
@@ -562,7 +563,10 @@ class PerformanceModel:
         }
 
     def _unseen(
-        self, cand: CandidateArrays, cols: LinkColumns, present: np.ndarray
+        self,
+        accelerators: list[tuple[str, np.ndarray]],
+        cols: LinkColumns,
+        present: np.ndarray,
     ) -> np.ndarray | None:
         """Rows with a group on hardware the calibration never measured (an accelerator
         and transport pair outside :attr:`Calibration.seen_hardware`); ``None`` when
@@ -574,10 +578,10 @@ class PerformanceModel:
             return None
         unseen = np.zeros(present.shape, dtype=bool)
         transports = np.asarray(cols.transport)
-        for name, mask in _distinct(np.asarray(cand.accelerator), present):
-            for k, transport in enumerate(TRANSPORTS):
-                if not cal.is_seen(name, transport):
-                    unseen |= mask & (transports == k)
+        for name, mask in accelerators:
+            never = np.asarray([not cal.is_seen(name, t) for t in TRANSPORTS])
+            if never.any():
+                unseen |= mask & never[transports]
         return _row_max(unseen)
 
     def _bucket_layout(self, profile: Profile) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ the run folder the command made."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from lightning_srifty.core.launch_protocol import ProgressEvent
 
@@ -19,3 +20,27 @@ def only_run(root: Path) -> Path:
     runs = sorted((root / "srifty_runs").iterdir())
     assert len(runs) == 1, runs
     return runs[0]
+
+
+def skypilot_executor(task: Any, cluster_name: str) -> Any:
+    """SkyPilot's own managed-job recovery executor for ``task``
+    (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``, as its controller builds it)."""
+    import asyncio
+
+    from sky import backends
+    from sky.jobs import recovery_strategy
+
+    async def make() -> Any:
+        return recovery_strategy.StrategyExecutor.make(
+            cluster_name,
+            backends.CloudVmRayBackend(),
+            task,
+            job_id=1,
+            task_id=0,
+            pool=None,
+            starting=set(),
+            starting_lock=asyncio.Lock(),
+            starting_signal=asyncio.Condition(),
+        )
+
+    return asyncio.run(make())

@@ -24,7 +24,6 @@ is real: CPU ``torchrun`` with 1 and 2 processes of ``scripts/train_demo.py``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -45,6 +44,7 @@ from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.launch.sky_jobs import managed_task
 from lightning_srifty.launch.sky_tasks import task_to_yaml
 from tests.fakes import FakeImds, serve_fake_imds
+from tests.launch.e2e import skypilot_executor
 from tests.launch.test_sky_backend import make_plan, offer
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -333,23 +333,7 @@ def start_node_job(
 def recovery_decision(task: Any, exit_codes: list[int] | None) -> bool:
     """SkyPilot's own decision for a job that FAILED on an UP cluster
     (``sky/jobs/controller.py`` calls ``executor.should_restart_on_failure``)."""
-    from sky import backends
-    from sky.jobs import recovery_strategy
-
-    async def make() -> Any:
-        return recovery_strategy.StrategyExecutor.make(
-            "srifty-node-1",
-            backends.CloudVmRayBackend(),
-            task,
-            job_id=1,
-            task_id=0,
-            pool=None,
-            starting=set(),
-            starting_lock=asyncio.Lock(),
-            starting_signal=asyncio.Condition(),
-        )
-
-    executor = asyncio.run(make())
+    executor = skypilot_executor(task, "srifty-node-1")
     return bool(executor.should_restart_on_failure(exit_codes=exit_codes))
 
 

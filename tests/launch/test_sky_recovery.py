@@ -25,6 +25,7 @@ import pytest
 
 from lightning_srifty.core.cluster import ClusterGroup, Plan
 from lightning_srifty.launch.sky_jobs import MANAGED_RECOVERY, managed_task
+from tests.launch.e2e import skypilot_executor
 from tests.launch.test_sky_backend import make_plan, offer
 
 
@@ -50,23 +51,7 @@ class Recovery:
     """SkyPilot's executor for our task, with the cloud calls recorded."""
 
     def __init__(self, task: Any, launch_results: list[float | None]):
-        from sky import backends
-        from sky.jobs import recovery_strategy
-
-        async def make() -> Any:
-            return recovery_strategy.StrategyExecutor.make(
-                "srifty-1",
-                backends.CloudVmRayBackend(),
-                task,
-                job_id=1,
-                task_id=0,
-                pool=None,
-                starting=set(),
-                starting_lock=asyncio.Lock(),
-                starting_signal=asyncio.Condition(),
-            )
-
-        self.executor = asyncio.run(make())
+        self.executor = skypilot_executor(task, "srifty-1")
         self.results = list(launch_results)
         self.sent: list[dict[str, Any]] = []
         self.cleanups = 0

@@ -58,6 +58,7 @@ from lightning_srifty.launch.sky_client import (
     head_private_ip,
     map_status,
     reconnectable,
+    status_text,
 )
 from lightning_srifty.launch.sky_tasks import build_tasks
 
@@ -305,7 +306,7 @@ class SkyBackend(SkyClient):
             f"status of {cluster_name}",
         )
         record = next((r for r in records or [] if r["name"] == cluster_name), None)
-        if record is None or str(getattr(record["status"], "value", record["status"])) != "UP":
+        if record is None or status_text(record["status"]) != "UP":
             return None
         try:
             jobs = self._call(
@@ -333,7 +334,7 @@ class SkyBackend(SkyClient):
             f"status of {name}",
         )
         record = next((r for r in records or [] if r["name"] == name), None)
-        return None if record is None else str(getattr(record["status"], "value", record["status"]))
+        return None if record is None else status_text(record["status"])
 
     def _cluster_state(
         self, cluster: SkyCluster, progress: LogProgress | None, *, refresh: str = "AUTO"
@@ -360,7 +361,7 @@ class SkyBackend(SkyClient):
                     passthrough=(exceptions.CommandFailureException,),
                 )
                 raw = (statuses or {}).get(job_id)
-                job_status = None if raw is None else str(getattr(raw, "value", raw))
+                job_status = status_text(raw)
             except exceptions.ClusterNotUpError:
                 return self._init_state(name, now, progress)  # it went INIT meanwhile
             except exceptions.ClusterDoesNotExist:

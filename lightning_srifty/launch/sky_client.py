@@ -175,6 +175,12 @@ INIT_TIMEOUT_S = 300.0
 preempted: SkyPilot itself never repairs it (``sky start`` would)."""
 
 
+def status_text(raw: Any) -> str | None:
+    """A SkyPilot status enum's value as text (records carry enums or strings);
+    ``None`` stays ``None``."""
+    return None if raw is None else str(getattr(raw, "value", raw))
+
+
 def map_status(cluster_status: Any, job_status: Any, *, use_spot: bool) -> JobState:
     """A first reading of SkyPilot's ``ClusterStatus`` and ``JobStatus`` (or ``None``).
 
@@ -190,10 +196,8 @@ def map_status(cluster_status: Any, job_status: Any, *, use_spot: bool) -> JobSt
     callers; the mapping no longer depends on it.
     """
     del use_spot
-    cluster = (
-        None if cluster_status is None else str(getattr(cluster_status, "value", cluster_status))
-    )
-    job = None if job_status is None else str(getattr(job_status, "value", job_status))
+    cluster = status_text(cluster_status)
+    job = status_text(job_status)
     if cluster is None or cluster == "STOPPED":
         return JobState.SUCCEEDED if job == "SUCCEEDED" else JobState.PREEMPTED
     if cluster == "INIT":
@@ -447,7 +451,7 @@ class SkyClient:
         )
         live = []
         for record in records or []:
-            status = str(getattr(record["status"], "value", record["status"]))
+            status = status_text(record["status"])
             if record["name"] in names and status in ("INIT", "UP"):
                 live.append(f"{record['name']} ({status})")
         return live

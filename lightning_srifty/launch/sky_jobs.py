@@ -27,6 +27,7 @@ from lightning_srifty.launch.sky_client import (
     SkyJobsSdk,
     real_jobs_sdk,
     reconnectable,
+    status_text,
 )
 from lightning_srifty.launch.sky_tasks import (
     ENV_GROUP_INDEX,
@@ -335,7 +336,7 @@ class SkyJobsBackend(SkyClient):
         job = _as_managed(handle)
         record = self._record(job)
         raw = record["status"]
-        status = str(getattr(raw, "value", raw))
+        status = str(status_text(raw))
         if status not in _MANAGED_STATES:
             raise LaunchError(f"unknown managed job status {status!r}")
         state = _MANAGED_STATES[status]
@@ -379,7 +380,7 @@ class SkyJobsBackend(SkyClient):
             progress.stop()
         record = self._records.get(job.job_id)
         raw = None if record is None else record["status"]
-        status = None if raw is None else str(getattr(raw, "value", raw))
+        status = status_text(raw)
         if status is not None and _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
             return
         if self.api_gone:
@@ -404,7 +405,7 @@ class SkyJobsBackend(SkyClient):
                 "managed job queue",
             )
         except exceptions.ClusterNotUpError as exc:
-            if _value(getattr(exc, "cluster_status", None)) in (None, "STOPPED"):
+            if status_text(getattr(exc, "cluster_status", None)) in (None, "STOPPED"):
                 return live  # SkyPilot stops its jobs controller only once none runs
             raise LaunchError(
                 f"managed job queue: SkyPilot's jobs controller is not reachable yet ({exc})"
@@ -418,7 +419,7 @@ class SkyJobsBackend(SkyClient):
                     else record.get("job_name") == entry.name
                 )
                 raw = record["status"]
-                status = str(getattr(raw, "value", raw))
+                status = str(status_text(raw))
                 if same and not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
                     live.append(f"managed job {entry.job_id or entry.name} ({status})")
         return live
@@ -477,7 +478,7 @@ class SkyJobsBackend(SkyClient):
                     f"managed job {name} did not end after cancelling it {cancels} time(s)"
                 )
         except exceptions.ClusterNotUpError as exc:
-            status = _value(getattr(exc, "cluster_status", None))
+            status = status_text(getattr(exc, "cluster_status", None))
             if status not in (None, "STOPPED"):
                 raise LaunchError(
                     f"cancel managed job {name}: SkyPilot's jobs controller is {status}, not "
@@ -505,15 +506,10 @@ class SkyJobsBackend(SkyClient):
         for r in records or []:
             if r["job_name"] != name or (job_id is not None and int(r["job_id"]) != job_id):
                 continue
-            status = _value(r["status"])
+            status = status_text(r["status"])
             if status is None or not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
                 live[int(r["job_id"])] = str(status)
         return live
-
-
-def _value(raw: Any) -> str | None:
-    """An enum's value (SkyPilot's statuses), as text; ``None`` stays ``None``."""
-    return None if raw is None else str(getattr(raw, "value", raw))
 
 
 def _as_managed(handle: object) -> ManagedJob:

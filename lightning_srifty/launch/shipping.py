@@ -106,21 +106,29 @@ def build_wheel(out_dir: str | Path) -> BuiltWheel:
     )
     if entry_points:
         entries.append((f"{info}/entry_points.txt", entry_points.encode()))
+    path = write_wheel(out_dir, f"lightning_srifty-{version}-py3-none-any.whl", info, entries)
+    return BuiltWheel(path, version)
+
+
+def write_wheel(
+    out_dir: str | Path, filename: str, info: str, entries: list[tuple[str, bytes]]
+) -> Path:
+    """Writes ``entries`` (name, bytes) plus their ``RECORD`` as a reproducible wheel
+    (fixed zip times), replacing ``out_dir/filename`` atomically."""
     record = "".join(f"{name},sha256={_b64(data)},{len(data)}\n" for name, data in entries)
     record += f"{info}/RECORD,,\n"
-    entries.append((f"{info}/RECORD", record.encode()))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"lightning_srifty-{version}-py3-none-any.whl"
+    path = out / filename
     tmp = path.with_suffix(".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
-        for name, data in entries:
+        for name, data in [*entries, (f"{info}/RECORD", record.encode())]:
             item = zipfile.ZipInfo(name, date_time=_FIXED_ZIP_TIME)
             item.compress_type = zipfile.ZIP_DEFLATED
             item.external_attr = 0o644 << 16
             wheel.writestr(item, data)
     tmp.replace(path)
-    return BuiltWheel(path, version)
+    return path
 
 
 def _metadata(dist: importlib.metadata.Distribution) -> str:

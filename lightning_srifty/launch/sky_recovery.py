@@ -34,10 +34,8 @@ controller wheel and the two plugin files the API server needs.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import sys
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -135,7 +133,6 @@ _PACKAGE_FILES = (
     "lightning_srifty/launch/__init__.py",
     "lightning_srifty/launch/sky_recovery.py",
 )
-_FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def build_plugin_wheel(out_dir: str | Path) -> Path:
@@ -162,22 +159,9 @@ def build_plugin_wheel(out_dir: str | Path) -> Path:
             b"Root-Is-Purelib: true\nTag: py3-none-any\n",
         ),  # fmt: skip
     ]
-    record = "".join(f"{name},sha256={_b64(data)},{len(data)}\n" for name, data in entries)
-    entries.append((f"{info}/RECORD", (record + f"{info}/RECORD,,\n").encode()))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{PLUGIN_DIST}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
-        for name, data in entries:
-            item = zipfile.ZipInfo(name, date_time=_FIXED_ZIP_TIME)
-            item.compress_type = zipfile.ZIP_DEFLATED
-            item.external_attr = 0o644 << 16
-            wheel.writestr(item, data)
-    return path
+    from lightning_srifty.launch.shipping import write_wheel  # not on the controller
 
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return write_wheel(out_dir, f"{PLUGIN_DIST}-{version}-py3-none-any.whl", info, entries)
 
 
 def plugin_files(wheel_dir: str | Path) -> dict[str, str]:

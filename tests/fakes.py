@@ -96,6 +96,21 @@ from lightning_srifty.core.launch_protocol import (
 #   job that saved its emergency checkpoint is what the task's own run script gives
 #   (node_exit_code runs it; sky/backends/task_codegen.py: add_epilogue stores it with
 #   job_lib.set_exit_codes), never a number assumed here.
+# - Where a recovery relaunches (sky/jobs/recovery_strategy.py): EAGER_NEXT_REGION and
+#   FAILOVER launch the ordered resources as given, from #1 (the preempted offer first,
+#   see tests/launch/test_sky_recovery.py); SRIFTY_NEXT_OFFER, our plugin strategy, runs
+#   launch/sky_recovery.py's own `demote` on them first (the offer the job was
+#   preempted on moved last) and only then the list as given. The relaunched cluster
+#   runs on the resources SkyPilot launched: the candidate with its region and a zone
+#   (RetryingVmProvisioner: to_provision.copy(region=...)); queue_v2 shows them as
+#   `cluster_resources` (sky/utils/resources_utils.py: format_resource, with the node
+#   count) and `infra` (sky/utils/infra_utils.py: InfraInfo.formatted_str), as
+#   sky/jobs/utils.py: _populate_job_record_from_handle does.
+# - Plugins (sky/server/plugins.py, sky/server/server.py: list_plugins): the server
+#   loads the classes its plugins.yaml names (FakeSkyApi.plugins) and GET /api/plugins
+#   lists each one's name; a job_recovery strategy that no loaded plugin registered is
+#   refused at submission with ValueError (sky/resources.py:
+#   _try_validate_managed_job_attributes, on the API server).
 # ---------------------------------------------------------------------------------------
 
 SAVE_S = 5.0
@@ -575,6 +590,10 @@ class FakeManagedJob:
     failure_reason: str | None = None
     cluster: FakeCluster | None = None
     clusters: list[FakeCluster] = field(default_factory=list)
+    launched: list[Any] = field(default_factory=list)
+    """The resources SkyPilot launched each of ``clusters`` on (with region and zone)."""
+    relaunches: int = 0
+    """Relaunch tries in the current recovery."""
     next_at: float = 0.0
     cancel_at: float | None = None
 
@@ -587,6 +606,7 @@ class FakeSkyApi:
         scripts: What happens to each cluster provisioned, in launch order (clusters
             beyond the list behave well).
         clock: Shared virtual time (a new one by default).
+        plugins: The plugin classes the server's plugins.yaml names (loaded at start).
     """
 
     def __init__(
@@ -595,8 +615,10 @@ class FakeSkyApi:
         *,
         scripts: list[ClusterScript] | None = None,
         clock: VirtualClock | None = None,
+        plugins: tuple[str, ...] = (),
     ):
         self.enabled = enabled
+        self.plugins = plugins
         self.scripts = list(scripts or [])
         self.clock = clock or VirtualClock()
         self.launched: list[tuple[str, Any, dict[str, object]]] = []
@@ -752,6 +774,35 @@ class FakeSkyApi:
         )
         self.clusters[name] = cluster
         return cluster
+
+    # -- the server's own routes ------------------------------------------------------
+    def api_plugins(self) -> list[dict[str, Any]] | None:
+        """What launch/sky_jobs.py: server_plugins reads from GET /api/plugins: each
+        loaded plugin's name and version (sky/server/server.py: list_plugins, from the
+        plugin objects SkyPilot built); ``None`` while the server cannot be reached."""
+        import importlib
+
+        self.calls.append("api_plugins")
+        if any(a <= self.clock.now < b for a, b in self.outages):
+            return None
+        listed = []
+        for class_path in self.plugins:
+            module, name = class_path.rsplit(".", 1)
+            plugin = getattr(importlib.import_module(module), name)()
+            listed.append({"js_extension_path": None, "requires_early_init": False,
+                           "name": plugin.name, "version": plugin.version})  # fmt: skip
+        return listed
+
+    def strategy_registered(self, strategy: str) -> bool:
+        """Whether a strategy is known on this server: SkyPilot's own ones, or one a
+        loaded plugin registers (ours: launch/sky_recovery.py, by its import)."""
+        from lightning_srifty.launch.sky_recovery import NEXT_OFFER, PLUGIN_CLASS
+
+        if strategy.upper() == NEXT_OFFER:
+            return PLUGIN_CLASS in self.plugins
+        from sky.utils import registry
+
+        return strategy.lower() in registry.JOBS_RECOVERY_STRATEGY_REGISTRY
 
     # -- sky.client.sdk --------------------------------------------------------------
     def enabled_clouds(self) -> str:
@@ -1093,7 +1144,18 @@ class FakeJobsApi:
                 raise ValueError("The job recovery strategy should be the same for all resources.")
         recovery = dict(recovery or {})
         strategy = recovery.pop("strategy", registry.JOBS_RECOVERY_STRATEGY_REGISTRY.default)
-        assert registry.JOBS_RECOVERY_STRATEGY_REGISTRY.from_str(strategy) is not None
+        if not self.api.strategy_registered(str(strategy)):
+            # sky/resources.py: _try_validate_managed_job_attributes on the server: the
+            # registry's from_str raises ValueError for a name nothing registered.
+            def refused() -> Any:
+                known = [k for k in registry.JOBS_RECOVERY_STRATEGY_REGISTRY
+                         if self.api.strategy_registered(k)]  # fmt: skip
+                raise ValueError(
+                    f"Jobs recovery strategy {str(strategy)!r} is not a valid jobs recovery "
+                    f"strategy among {known}."
+                )
+
+            return self.api._request("jobs.launch", refused)  # noqa: SLF001
         codes = recovery.pop("recover_on_exit_codes", None) or []
         codes = [codes] if isinstance(codes, int) else [int(c) for c in codes]
         job_id = len(self.api.managed) + 1
@@ -1151,6 +1213,7 @@ class FakeJobsApi:
                     "status": state.ManagedJobStatus(job.status),
                     "recovery_count": job.recovery_count,
                     "failure_reason": job.failure_reason,
+                    **self._where(job),
                 }
                 if wanted:
                     keep = set(wanted) | {"job_id", "task_id", "status"}
@@ -1159,6 +1222,23 @@ class FakeJobsApi:
             return records, len(records), {}, len(self.api.managed)
 
         return self.api._request("jobs.queue_v2", result)  # noqa: SLF001
+
+    @staticmethod
+    def _where(job: FakeManagedJob) -> dict[str, Any]:
+        """``cluster_resources`` and ``infra`` of the job's cluster, from its launched
+        resources with SkyPilot's own formatters (sky/jobs/utils.py:
+        _populate_job_record_from_handle); "-" without one."""
+        if job.cluster is None or not job.launched:
+            return {"cluster_resources": "-", "infra": "-"}
+        from sky.utils import infra_utils, resources_utils
+
+        launched = job.launched[-1]
+        simple, _ = resources_utils.format_resource(launched, simplified_only=True)
+        infra = infra_utils.InfraInfo(str(launched.cloud), launched.region, launched.zone)
+        return {
+            "cluster_resources": f"{job.cluster.nodes}x{simple}",
+            "infra": infra.formatted_str(),
+        }
 
     def cancel(self, name: str | None = None, job_ids: Any = None, **kwargs: Any) -> str:
         def result() -> None:
@@ -1237,24 +1317,41 @@ class FakeJobsApi:
                     job, "FAILED", f"Job exited with exit code {code} (user program failure).", end
                 )
 
+    @staticmethod
+    def _launch_order(job: FakeManagedJob) -> list[Any]:
+        """The ordered resources in the order this launch tries them (see the section
+        header): as given, except a SRIFTY_NEXT_OFFER recovery's first relaunch, which
+        is our strategy's own reordering."""
+        from lightning_srifty.launch.sky_recovery import NEXT_OFFER, demote
+
+        resources = list(job.task.resources)
+        recovering = job.status == "RECOVERING" and job.launched
+        if recovering and job.strategy.upper() == NEXT_OFFER and job.relaunches == 0:
+            return demote(resources, job.launched[-1])
+        return resources
+
     def _start(self, job: FakeManagedJob, moment: float) -> None:
         """Launches on the first ordered resource with capacity (or fails/retries)."""
         first_launch = job.status == "PENDING"
+        order = self._launch_order(job)
         job.status = "STARTING" if first_launch else "RECOVERING"
         saved = self.api.clock.now
         self.api.clock.now = moment  # the controller acted then
         try:
-            for index, _resources in enumerate(job.task.resources):
+            for index, resources in enumerate(order):
                 name = f"{job.name}-{job.job_id}"
                 if name in self.api.clusters:
                     name = f"{name}-r{len(job.clusters)}-{index}"
                 cluster = self.api.provision(job.task, name)
                 if cluster is not None:
+                    region = resources.region or "us-east-1"
                     job.cluster = cluster
                     job.clusters.append(cluster)
+                    job.launched.append(resources.copy(region=region, zone=f"{region}a"))
                     return
         finally:
             self.api.clock.now = saved
+        job.relaunches += 1
         if first_launch:
             self._finish(
                 job, "FAILED_NO_RESOURCE", "Failed to provision all possible resources.", moment
@@ -1269,6 +1366,7 @@ class FakeJobsApi:
             self.api.downs.append(cluster.name)
         job.cluster = None
         job.status = "RECOVERING"
+        job.relaunches = 0
         job.next_at = moment
 
     def _finish(self, job: FakeManagedJob, status: str, reason: str | None, moment: float) -> None:

@@ -17,6 +17,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--setup", help="sky backends: extra node setup commands (shell)")
     p.add_argument(
         "--job-recovery",
-        default="EAGER_NEXT_REGION",
-        help="sky-jobs: job_recovery strategy, EAGER_NEXT_REGION (SkyPilot's default), "
-        "FAILOVER or SRIFTY_NEXT_OFFER (retries the preempted offer last; needs the "
-        "plugin: python -m lightning_srifty.launch.sky_recovery DIR)",
+        default="auto",
+        help="sky-jobs: job_recovery strategy. auto (default): SRIFTY_NEXT_OFFER (the "
+        "preempted offer is retried last) when the API server has loaded its plugin "
+        "(python -m lightning_srifty.launch.sky_recovery DIR), else EAGER_NEXT_REGION "
+        "(SkyPilot's default: the ordered resources again from #1, the preempted offer "
+        "first); or name one: EAGER_NEXT_REGION, FAILOVER, SRIFTY_NEXT_OFFER",
     )
     p.add_argument(
         "--probe",
@@ -475,6 +478,11 @@ def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
     resumed = [a.resumed_from for a in run.attempts if a.resumed_from]
     rows.append(("resumed from", ", ".join(resumed) or "-"))
     rows.append(("preemptions survived", str(len(run.migrations) + run.recoveries)))
+    for attempt in run.attempts:
+        if attempt.placements:
+            rows.append(("  managed job ran on", attempt.placements[0]))
+        for n, (before, after) in enumerate(pairwise(attempt.placements), start=1):
+            rows.append(("  SkyPilot recovery", f"#{n}: {before} -> {after}"))
     for move in run.migrations:
         rows.append(
             (

@@ -96,6 +96,10 @@ class AttemptReport:
     """The backend's one-line account of a failure."""
     recoveries: int = 0
     """Preemptions SkyPilot recovered inside this attempt (managed jobs)."""
+    placements: tuple[str, ...] = ()
+    """Where SkyPilot ran this attempt's managed job: first launch, then each recovery
+    (as its queue showed the launched resources), so a summary can say which offer a
+    recovery moved to."""
 
     @property
     def resumed_from(self) -> str:
@@ -791,6 +795,7 @@ class Controller:
         describe = getattr(self.backend, "failure_detail", None)
         detail = describe(handle) if describe is not None and state is JobState.FAILED else ""
         count = getattr(self.backend, "recoveries", None)
+        where = getattr(self.backend, "placements", None)
         return AttemptReport(
             plan,
             state,
@@ -801,6 +806,7 @@ class Controller:
             move_reason=moved.reason if moved is not None else "",
             detail=str(detail or ""),
             recoveries=int(count(handle)) if count is not None else 0,
+            placements=tuple(where(handle)) if where is not None else (),
         )
 
     def _refine(

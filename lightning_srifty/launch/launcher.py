@@ -122,8 +122,9 @@ class LaunchOptions:
     probe: str = "auto"
     """``--probe``: measure the plans that could be best before committing (``auto``:
     when their intervals overlap and it is worth its price; ``on``; ``off``)."""
-    job_recovery: str = "EAGER_NEXT_REGION"
-    """``--job-recovery``: the managed job's ``job_recovery`` strategy (sky-jobs)."""
+    job_recovery: str = "auto"
+    """``--job-recovery``: the managed job's ``job_recovery`` strategy (sky-jobs);
+    ``auto`` asks the API server whether it has our strategy's plugin."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -134,7 +135,7 @@ class LaunchOptions:
             raise ConfigError("--preempt-every/--preempt-trace work only with --backend local")
         if self.setup and self.backend not in SKY_BACKENDS:
             raise ConfigError("--setup works only with --backend sky or sky-jobs")
-        if self.job_recovery != "EAGER_NEXT_REGION" and self.backend != "sky-jobs":
+        if self.job_recovery != "auto" and self.backend != "sky-jobs":
             raise ConfigError("--job-recovery works only with --backend sky-jobs")
         if self.backend == "sky-jobs":
             from lightning_srifty.launch.sky_jobs import JOB_RECOVERIES
@@ -423,6 +424,11 @@ def _run_launch(
         prepare()  # the wheel, .skyignore and requirements, decided once and shown
         for note in getattr(backend, "notes", ()):
             ui.info(note)
+    resolve_recovery = getattr(backend, "resolve_recovery", None)
+    if resolve_recovery is not None and not options.dry_run:
+        line = resolve_recovery()  # --job-recovery auto: asks the API server, once
+        if line:
+            ui.info(line)
     if not options.dry_run:
         probing = make_controller(result.best, result, model, None, result.target_steps_at_base)
         result, model = probe_and_replan(
@@ -452,6 +458,12 @@ def _run_launch(
     controller = make_controller(chosen, result, model, ledger, target)
 
     if options.dry_run:
+        if getattr(backend, "strategy", "") is None:
+            ui.info(
+                "--job-recovery auto: a dry run does not ask the API server for its plugins; "
+                "the task shows EAGER_NEXT_REGION, what SkyPilot uses without ours (a launch "
+                "picks SRIFTY_NEXT_OFFER when the server has it)"
+            )
         report = _dry_run(controller, chosen, run_dir) if remote else None
         ui.show_dry_run(report)
         return LaunchOutcome(profiled, result, None, topology)
@@ -1086,13 +1098,16 @@ def _dry_run(controller: Controller, chosen: Plan, run_dir: Path) -> Any:
     options = backend.task_options()
     options["pin_zone"] = True
     options["envs"] = controller.env_for(1, chosen)
-    if hasattr(backend, "ordered_plans"):
+    from lightning_srifty.launch.sky_jobs import SkyJobsBackend
+
+    if isinstance(backend, SkyJobsBackend):
         from lightning_srifty.launch.sky_jobs import managed_task
 
         task = managed_task(
             backend.ordered_plans(chosen),
             script=controller.script,
             script_args=list(controller.args_for(chosen)),
+            recovery=backend.planned_strategy,
             **options,
         )
         return dry_run([task], run_dir / "sky")

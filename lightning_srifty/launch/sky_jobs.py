@@ -13,7 +13,7 @@ closed or killed at any time (otherwise Ctrl-C, SIGTERM and SIGHUP cancel the jo
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +48,15 @@ MANAGED_RECOVERY = "EAGER_NEXT_REGION"
 the offer just preempted included (see :mod:`lightning_srifty.launch.sky_recovery`)."""
 NEXT_OFFER = "SRIFTY_NEXT_OFFER"
 """Our strategy (a SkyPilot plugin): the preempted offer is retried last."""
-JOB_RECOVERIES = (MANAGED_RECOVERY, "FAILOVER", NEXT_OFFER)
+AUTO_RECOVERY = "auto"
+"""``--job-recovery auto`` (the default): :data:`NEXT_OFFER` when the API server has
+loaded our plugin, else :data:`MANAGED_RECOVERY` (see :func:`choose_recovery`)."""
+STRATEGIES = (MANAGED_RECOVERY, "FAILOVER", NEXT_OFFER)
+"""The ``job_recovery`` strategies a task may name."""
+JOB_RECOVERIES = (AUTO_RECOVERY, *STRATEGIES)
 """``--job-recovery`` choices."""
+INSTALL_HINT = "python -m lightning_srifty.launch.sky_recovery DIR"
+"""Writes the plugin's controller wheel and the API server's two plugin files."""
 ORDERED_CANDIDATES = 5
 """How many of the planner's same-shape plans become ``ordered`` resources."""
 
@@ -70,6 +77,63 @@ _MANAGED_STATES = {
     "FAILED_NO_RESOURCE": JobState.FAILED,
     "FAILED_CONTROLLER": JobState.FAILED,
 }
+
+
+def server_plugins(timeout_s: float = 10.0) -> list[dict[str, Any]] | None:
+    """The plugins the API server loaded, as it lists them; ``None`` if it cannot say.
+
+    SkyPilot 0.14.1 serves ``GET /api/plugins`` (``sky/server/server.py:
+    list_plugins``: ``name``, ``version`` and ``commit`` of each loaded plugin). It is
+    asked through SkyPilot's own client helper (``sky/server/common.py:
+    make_authenticated_request``: the configured endpoint, service-account token or
+    cookies) and once, without SkyPilot's retries: an unreachable server, an older one
+    (404), a 503 or an answer that is not the expected JSON all mean "cannot say",
+    never a crash.
+    """
+    import requests
+    from sky import exceptions
+    from sky.server import common as server_common
+
+    try:
+        response = server_common.make_authenticated_request(
+            "GET", "/api/plugins", retry=False, timeout=timeout_s
+        )
+        if response.status_code != 200:
+            return None
+        listed = response.json().get("plugins")
+    except (requests.RequestException, exceptions.ServerTemporarilyUnavailableError, ValueError):
+        return None
+    except AttributeError:  # JSON that is not an object
+        return None
+    if not isinstance(listed, list):
+        return None
+    return [dict(p) for p in listed if isinstance(p, dict)]
+
+
+def choose_recovery(plugins: Sequence[dict[str, Any]] | None) -> tuple[str, str]:
+    """``--job-recovery auto``: the strategy, and the one line to show when it is not ours.
+
+    ``plugins`` is what :func:`server_plugins` returned. With our plugin loaded
+    (:data:`~lightning_srifty.launch.sky_recovery.PLUGIN_NAME`) the job recovers
+    with :data:`NEXT_OFFER` and nothing needs saying; otherwise with SkyPilot's
+    default, and the line says what SkyPilot will then do and how to get ours.
+    """
+    from lightning_srifty.launch.sky_recovery import PLUGIN_NAME
+
+    if plugins is not None and any(p.get("name") == PLUGIN_NAME for p in plugins):
+        return NEXT_OFFER, ""
+    why = (
+        "the API server did not say which plugins it loaded (unreachable, or older than "
+        "SkyPilot 0.14)"
+        if plugins is None
+        else f"the API server has not loaded the {PLUGIN_NAME} plugin"
+    )
+    return MANAGED_RECOVERY, (
+        f"--job-recovery auto: {why}, so SkyPilot recovers with {MANAGED_RECOVERY}: after a "
+        "preemption it relaunches the ordered resources from #1, the offer just preempted "
+        f"first; to move on to the next offer instead ({NEXT_OFFER}), run `{INSTALL_HINT}`, "
+        "put the files it writes in the API server's ~/.sky/ and restart it"
+    )
 
 
 def same_shape(plans: Sequence[Plan], limit: int = ORDERED_CANDIDATES) -> list[Plan]:
@@ -132,9 +196,9 @@ def managed_task(
 
     if not plans:
         raise ConfigError("no plan to launch")
-    if recovery not in JOB_RECOVERIES:
+    if recovery not in STRATEGIES:
         raise ConfigError(
-            f"--job-recovery {recovery!r} is not valid: use one of {', '.join(JOB_RECOVERIES)}"
+            f"--job-recovery {recovery!r} is not valid here: use one of {', '.join(STRATEGIES)}"
         )
     if recovery == NEXT_OFFER:
         # Registers the strategy here too, so SkyPilot code in this process accepts it;
@@ -194,7 +258,11 @@ class SkyJobsBackend(SkyClient):
     Args:
         candidates: The planner's ranked plans; :func:`same_shape` picks from them.
         jobs_sdk: The managed-jobs SDK surface (the real one by default).
-        recovery: ``job_recovery`` strategy name.
+        recovery: ``--job-recovery``: a strategy name, or ``auto``
+            (:func:`choose_recovery`, decided on the first launch or by
+            :meth:`resolve_recovery`).
+        plugins: Asks the API server which plugins it loaded (:func:`server_plugins`
+            by default).
         **options: As :class:`~lightning_srifty.launch.sky_client.SkyClient`.
     """
 
@@ -205,14 +273,47 @@ class SkyJobsBackend(SkyClient):
         *,
         candidates: Sequence[Plan] = (),
         jobs_sdk: SkyJobsSdk | None = None,
-        recovery: str = MANAGED_RECOVERY,
+        recovery: str = AUTO_RECOVERY,
+        plugins: Callable[[], Sequence[dict[str, Any]] | None] = server_plugins,
         **options: Any,
     ):
         super().__init__(**options)
+        if recovery not in JOB_RECOVERIES:
+            raise ConfigError(
+                f"--job-recovery {recovery!r} is not valid: use one of {', '.join(JOB_RECOVERIES)}"
+            )
         self.candidates = tuple(candidates)
         self.recovery = recovery
+        """``--job-recovery`` as given."""
+        self.strategy: str | None = None if recovery == AUTO_RECOVERY else recovery
+        """The ``job_recovery`` strategy the task names (``None``: not decided yet)."""
+        self._plugins = plugins
         self._jobs_sdk = jobs_sdk
         self._records: dict[int, Any] = {}
+        self._placements: dict[int, dict[int, str]] = {}
+
+    def resolve_recovery(self) -> str:
+        """Decides ``--job-recovery auto`` (once) by asking the API server for its
+        plugins; returns the line to show the user ("" when there is nothing to say).
+
+        The server is checked first (:meth:`check_credentials`, which also starts a
+        local API server as SkyPilot's SDK does), so a local server that is about to
+        load the plugin is asked, not missed.
+        """
+        if self.strategy is not None:
+            return ""
+        self.check_credentials()
+        self.strategy, line = choose_recovery(self._plugins())
+        if line:
+            self.notes.append(line)
+            log.warning("%s", line)
+        return line
+
+    @property
+    def planned_strategy(self) -> str:
+        """The strategy a dry run writes into the task: the decided one, else what
+        SkyPilot uses without our plugin (a dry run does not ask the API server)."""
+        return self.strategy or MANAGED_RECOVERY
 
     @property
     def jobs_sdk(self) -> SkyJobsSdk:
@@ -226,7 +327,10 @@ class SkyJobsBackend(SkyClient):
         return same_shape([first, *rest])
 
     def launch(self, spec: LaunchSpec) -> ManagedJob:
-        self.check_credentials(retry=self._launches > 0)
+        if self.strategy is None:
+            self.resolve_recovery()  # checks the server and its clouds first
+        else:
+            self.check_credentials(retry=self._launches > 0)
         self._launches += 1
         options = self.task_options()
         options["envs"] = spec.envs
@@ -236,7 +340,7 @@ class SkyJobsBackend(SkyClient):
             script=spec.script,
             script_args=spec.script_args,
             name=name,
-            recovery=self.recovery,
+            recovery=self.planned_strategy,
             **options,
         )
         self.started.add(name)
@@ -309,7 +413,7 @@ class SkyJobsBackend(SkyClient):
         from sky import exceptions
         from sky.jobs import constants
 
-        fields = [*constants.DEFAULT_MANAGED_JOB_FIELDS, "failure_reason"]
+        fields = [*constants.DEFAULT_MANAGED_JOB_FIELDS, "failure_reason", *_PLACEMENT_FIELDS]
 
         def read(refresh: bool) -> Any:
             return self._call(
@@ -330,6 +434,10 @@ class SkyJobsBackend(SkyClient):
         if record is None:
             raise LaunchError(f"managed job {job.job_id} ({job.name}) is not in the queue")
         self._records[job.job_id] = record
+        where = _placement(record)
+        if where:
+            runs = self._placements.setdefault(job.job_id, {})
+            runs[int(record.get("recovery_count") or 0)] = where
         return record
 
     def status(self, handle: object) -> JobState:
@@ -354,6 +462,12 @@ class SkyJobsBackend(SkyClient):
         """How often SkyPilot recovered the job (preemptions it survived)."""
         record = self._records.get(_as_managed(handle).job_id)
         return int((record["recovery_count"] if record is not None else 0) or 0)
+
+    def placements(self, handle: object) -> tuple[str, ...]:
+        """Where SkyPilot ran the job, first launch then each recovery, as its queue
+        showed it while the job was RUNNING (the launched resources and infra)."""
+        runs = self._placements.get(_as_managed(handle).job_id, {})
+        return tuple(runs[k] for k in sorted(runs))
 
     def follow_progress(self, handle: object) -> LogProgress:
         from lightning_srifty.launch.controller import LogProgress
@@ -510,6 +624,23 @@ class SkyJobsBackend(SkyClient):
             if status is None or not _MANAGED_STATES.get(status, JobState.PENDING).is_terminal:
                 live[int(r["job_id"])] = str(status)
         return live
+
+
+_PLACEMENT_FIELDS = ("cluster_resources", "infra")
+"""Queue fields that say where the job runs: SkyPilot fills them from the cluster
+handle's launched resources (``sky/jobs/utils.py: _populate_job_record_from_handle``)."""
+
+
+def _placement(record: Any) -> str:
+    """``1x[spot](gpus=T4:4, g4dn.12xlarge, ...) AWS/us-east-1a`` while RUNNING, else
+    "" (between launches SkyPilot shows the requested resources, not where it runs)."""
+    if status_text(record["status"]) != "RUNNING":
+        return ""
+    resources = record.get("cluster_resources")
+    infra = record.get("infra")
+    if not resources or resources == "-":
+        return ""
+    return f"{resources} {infra}" if infra and infra != "-" else str(resources)
 
 
 def _as_managed(handle: object) -> ManagedJob:

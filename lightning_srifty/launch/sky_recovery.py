@@ -47,6 +47,10 @@ from sky.utils import registry
 NEXT_OFFER = "SRIFTY_NEXT_OFFER"
 """The strategy's name in ``job_recovery``."""
 PLUGIN_CLASS = "lightning_srifty.launch.sky_recovery.SriftyRecoveryPlugin"
+PLUGIN_NAME = "lightning-srifty-recovery"
+"""What the plugin calls itself in the API server's ``GET /api/plugins`` answer
+(``sky/server/server.py: list_plugins`` lists each loaded plugin's ``name`` and
+``version``, not its class): how the launcher tells that the server has it."""
 PLUGIN_DIST = "lightning_srifty_sky_recovery"
 """The controller wheel's distribution name (this module and its two parents only)."""
 
@@ -119,6 +123,17 @@ if NEXT_OFFER.lower() not in registry.JOBS_RECOVERY_STRATEGY_REGISTRY:
 class SriftyRecoveryPlugin(plugins.BasePlugin):
     """Registers :class:`NextOfferStrategyExecutor` wherever SkyPilot loads plugins
     (importing this module is the registration; there is nothing else to install)."""
+
+    @property
+    def name(self) -> str:
+        """Shown by ``GET /api/plugins``; ``--job-recovery auto`` looks for it there."""
+        return PLUGIN_NAME
+
+    @property
+    def version(self) -> str:
+        import lightning_srifty
+
+        return lightning_srifty.__version__
 
     def install(self, extension_context: plugins.ExtensionContext) -> None:
         del extension_context

@@ -186,7 +186,9 @@ def _launch(
         "log_sleep": fake.clock.sleep,
     }
     backend: SkyClient = (
-        SkyJobsBackend(jobs_sdk=fake.jobs, **settings) if managed else SkyBackend(**settings)
+        SkyJobsBackend(jobs_sdk=fake.jobs, plugins=fake.api_plugins, **settings)
+        if managed
+        else SkyBackend(**settings)
     )
     options = LaunchOptions(
         script=str(script),

@@ -141,7 +141,7 @@ def make_backend(
         "log_sleep": lambda seconds: time.sleep(0.001),
     }
     if managed:
-        return SkyJobsBackend(jobs_sdk=fake.jobs, **settings)
+        return SkyJobsBackend(jobs_sdk=fake.jobs, plugins=fake.api_plugins, **settings)
     return SkyBackend(**settings)
 
 

@@ -1097,6 +1097,9 @@ class FakeJobsApi:
         self.api = api
         self.controller_stopped = False
         """SkyPilot's jobs controller autostopped (see :meth:`stop_controller`)."""
+        self._advancing = threading.RLock()
+        """One controller: the log follower's thread and the caller's both advance jobs,
+        and two of them starting the same job at once would launch it twice."""
 
     def stop_controller(self) -> None:
         """The jobs controller stops itself, which it does only once no managed job
@@ -1274,6 +1277,10 @@ class FakeJobsApi:
     # -- the jobs controller -----------------------------------------------------------
     def _advance(self, job: FakeManagedJob) -> None:
         """Runs the controller's decisions up to now, each at its own virtual time."""
+        with self._advancing:
+            self._advance_locked(job)
+
+    def _advance_locked(self, job: FakeManagedJob) -> None:
         now = self.api.clock.now
         while job.status not in _MANAGED_TERMINAL:
             if job.status == "CANCELLING":

@@ -310,3 +310,193 @@ def test_job_recovery_is_checked_when_the_options_are_read() -> None:
         options(backend="sky-jobs", job_recovery="NEXT")
     with pytest.raises(ConfigError, match="only with --backend sky-jobs"):
         options(backend="sky", job_recovery="FAILOVER")
+
+
+# ---------------------------------------------------------------------------------------
+# --job-recovery auto: what the API server says it loaded decides
+# ---------------------------------------------------------------------------------------
+
+SERVE_SKYPILOT_APP = """
+import socket, sys
+import uvicorn
+from sky.server import server  # importing it loads plugins.yaml (PluginContext.UVICORN)
+
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+print(sock.getsockname()[1], flush=True)
+# lifespan off: no request daemons, no executors and no PyPI version check, none of
+# which GET /api/plugins uses.
+uvicorn.Server(uvicorn.Config(server.app, lifespan="off", log_level="warning")).run(
+    sockets=[sock]
+)
+"""
+
+
+@pytest.fixture
+def skypilot_app(tmp_path: Path) -> Any:
+    """Starts SkyPilot 0.14.1's own API server app in a child process on 127.0.0.1.
+
+    Not ``sky api start``: its lifespan starts request daemons and a daily PyPI version
+    check (``sky/server/version_check.py``), which would send packets off this machine.
+    The app object is the real one (``sky.server.server.app``, every middleware and
+    route), and its plugins are loaded the way the server loads them, by SkyPilot's own
+    ``plugins.load_plugins`` when ``sky.server.server`` is imported, from the
+    ``plugins.yaml`` that ``SKYPILOT_SERVER_PLUGINS_CONFIG`` names. The child runs in
+    an offline runtime (its own HOME, a dead proxy for anything not local).
+    """
+    import os
+    import time
+    import urllib.request
+
+    from lightning_srifty.launch.sky_runtime import prepare_offline_runtime
+
+    started: list[subprocess.Popen[str]] = []
+
+    def start(plugins_yaml: Path | None) -> str:
+        runtime = prepare_offline_runtime(tmp_path / f"server-{len(started)}")
+        env = runtime.env(os.environ)
+        if plugins_yaml is not None:
+            env["SKYPILOT_SERVER_PLUGINS_CONFIG"] = str(plugins_yaml)
+        proc = subprocess.Popen(  # noqa: S603 - fixed argv
+            [sys.executable, "-c", SERVE_SKYPILOT_APP],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        started.append(proc)
+        assert proc.stdout is not None
+        url = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/health", timeout=2):  # noqa: S310
+                    return url
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("SkyPilot's app did not start") from None
+                time.sleep(0.2)
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def endpoint(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Points this process's SkyPilot client at a server URL, as a user's
+    ``SKYPILOT_API_SERVER_ENDPOINT`` does (``sky/server/common.py: get_server_url``)."""
+    from sky.server import common as server_common
+
+    def use(url: str) -> None:
+        monkeypatch.setenv("SKYPILOT_API_SERVER_ENDPOINT", url)
+        server_common.get_server_url.cache_clear()
+
+    yield use
+    monkeypatch.delenv("SKYPILOT_API_SERVER_ENDPOINT", raising=False)
+    server_common.get_server_url.cache_clear()
+
+
+def auto_backend() -> Any:
+    """``--job-recovery auto`` with the real plugin query; the clouds are the fake's."""
+    from lightning_srifty.launch.sky_jobs import SkyJobsBackend
+    from tests.fakes import FakeSkyApi
+
+    fake = FakeSkyApi()
+    return SkyJobsBackend(sdk=fake, jobs_sdk=fake.jobs)
+
+
+def test_skypilots_server_lists_our_plugin_and_auto_picks_next_offer(
+    tmp_path: Path, skypilot_app: Any, endpoint: Any
+) -> None:
+    import lightning_srifty
+    from lightning_srifty.launch.sky_jobs import server_plugins
+    from lightning_srifty.launch.sky_recovery import build_plugin_wheel, plugin_files
+
+    build_plugin_wheel(tmp_path / "wheels")
+    config = tmp_path / "plugins.yaml"
+    config.write_text(plugin_files(tmp_path / "wheels")["plugins.yaml"])
+    endpoint(skypilot_app(config))
+
+    listed = server_plugins()
+    assert listed is not None
+    assert [(p.get("name"), p.get("version")) for p in listed] == [
+        ("lightning-srifty-recovery", lightning_srifty.__version__)
+    ]
+    backend = auto_backend()
+    assert backend.resolve_recovery() == ""  # nothing to warn about
+    assert backend.strategy == "SRIFTY_NEXT_OFFER"
+    assert backend.notes == []
+
+
+def test_without_the_plugin_skypilots_server_lists_none_and_auto_keeps_eager(
+    skypilot_app: Any, endpoint: Any
+) -> None:
+    from lightning_srifty.launch.sky_jobs import server_plugins
+
+    endpoint(skypilot_app(None))
+    assert server_plugins() == []
+    backend = auto_backend()
+    line = backend.resolve_recovery()
+    assert backend.strategy == "EAGER_NEXT_REGION"
+    assert "\n" not in line and backend.notes == [line]
+    assert "has not loaded the lightning-srifty-recovery plugin" in line
+    assert "from #1, the offer just preempted first" in line
+    assert "python -m lightning_srifty.launch.sky_recovery DIR" in line
+
+
+def test_an_unreachable_or_older_server_falls_back_to_eager(tmp_path: Path, endpoint: Any) -> None:
+    """Nothing listening (connection refused), and a server without the route (404,
+    as a SkyPilot older than the plugin API answers): never a crash."""
+    import functools
+    import http.server
+    import socket
+    import threading
+
+    from lightning_srifty.launch.sky_jobs import server_plugins
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        endpoint(f"http://127.0.0.1:{closed.getsockname()[1]}")
+    assert server_plugins() is None
+    backend = auto_backend()
+    line = backend.resolve_recovery()
+    assert backend.strategy == "EAGER_NEXT_REGION"
+    assert "did not say which plugins it loaded" in line
+
+    (tmp_path / "empty").mkdir()
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "empty")
+    )
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as old:
+        threading.Thread(target=old.serve_forever, daemon=True).start()
+        endpoint(f"http://127.0.0.1:{old.server_address[1]}")
+        try:
+            assert server_plugins() is None
+        finally:
+            old.shutdown()
+
+
+def test_an_explicit_strategy_wins_and_asks_nothing() -> None:
+    from lightning_srifty.launch.sky_jobs import SkyJobsBackend
+
+    def must_not_ask() -> None:
+        raise AssertionError("an explicit --job-recovery must not ask the server")
+
+    backend = SkyJobsBackend(recovery="FAILOVER", plugins=must_not_ask)
+    assert backend.resolve_recovery() == ""
+    assert backend.strategy == "FAILOVER" and backend.planned_strategy == "FAILOVER"
+
+
+def test_auto_reads_the_name_our_plugin_reports() -> None:
+    """What ``list_plugins`` returns is built from the plugin object's ``name``."""
+    from lightning_srifty.launch.sky_jobs import choose_recovery
+    from lightning_srifty.launch.sky_recovery import SriftyRecoveryPlugin
+
+    ours = {"name": SriftyRecoveryPlugin().name, "version": "0.1.0"}
+    other = {"name": "someone-elses-plugin"}
+    assert choose_recovery([other, ours]) == ("SRIFTY_NEXT_OFFER", "")
+    assert choose_recovery([other])[0] == "EAGER_NEXT_REGION"
+    assert choose_recovery([{"js_extension_path": None}])[0] == "EAGER_NEXT_REGION"

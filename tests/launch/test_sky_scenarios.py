@@ -656,6 +656,65 @@ def test_managed_job_scenario(name: str, tmp_path: Path, sky_offline: object) ->
     assert all(state == "down" for _, state in outcome.ledger), outcome.ledger
 
 
+def _with_our_plugin(fake: FakeSkyApi) -> None:
+    from lightning_srifty.launch.sky_recovery import PLUGIN_CLASS
+
+    fake.plugins = (PLUGIN_CLASS,)
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["with-plugin", "without-plugin"])
+def test_auto_recovery_moves_on_to_the_next_offer_only_with_the_plugin(
+    plugin: bool, tmp_path: Path, sky_offline: object
+) -> None:
+    """Preempted (spot notice, exit 75) on ordered offer #1, g5.12xlarge: with our
+    plugin on the server, ``--job-recovery auto`` submits SRIFTY_NEXT_OFFER and SkyPilot
+    relaunches on #2, g4dn.12xlarge; without it, EAGER_NEXT_REGION relaunches on #1
+    again, and the launcher said so in one line before submitting."""
+    outcome = run(
+        tmp_path,
+        [ClusterScript(preempt_after_s=300), ClusterScript()],
+        managed=True,
+        prepare=_with_our_plugin if plugin else None,
+    )
+    summary = _completed(outcome)
+    assert summary.recoveries == 1 and summary.migrations == ()
+    ((_, task, _),) = outcome.fake.launched
+    strategies = {r.job_recovery["strategy"] for r in task.resources}
+    assert strategies == {"SRIFTY_NEXT_OFFER" if plugin else "EAGER_NEXT_REGION"}
+    first, second = summary.attempts[0].placements
+    assert "g5.12xlarge" in first and "[spot]" in first and "us-east-1a" in first
+    if plugin:
+        assert "g4dn.12xlarge" in second and "[spot]" in second  # ordered offer #2
+        assert outcome.backend.notes == []
+    else:
+        assert second == first  # the preempted offer, first again
+        (line,) = [n for n in outcome.backend.notes if "--job-recovery auto" in n]
+        assert "EAGER_NEXT_REGION" in line and "offer just preempted first" in line
+    events = summary.attempts[0].events
+    preempted = next(e for e in events if e.event == "preempted")
+    resumed = next(e for e in events if e.event == "resumed")
+    assert resumed.step == preempted.step
+
+
+def test_a_server_without_the_plugin_refuses_next_offer_in_one_line(
+    tmp_path: Path, sky_offline: object
+) -> None:
+    fake = FakeSkyApi(scripts=[ClusterScript()])
+    backend = SkyJobsBackend(
+        sdk=fake, jobs_sdk=fake.jobs, recovery="SRIFTY_NEXT_OFFER", plugins=fake.api_plugins,
+        setup="true", ship_package=False, run_dir=tmp_path, clock=fake.clock.monotonic,
+        sleep=fake.clock.sleep,
+    )  # fmt: skip
+    spec = LaunchSpec(plan=HOME, script="train.py", script_args=(), name="srifty-1", envs={})
+    with pytest.raises(LaunchError) as refused:
+        backend.launch(spec)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "ValueError" in message and "'SRIFTY_NEXT_OFFER' is not a valid" in message
+    assert fake.managed == {}  # nothing was submitted
+    assert "api_plugins" not in fake.calls  # an explicit strategy asks nothing
+
+
 # ------------------------------------------------------------------------ Ctrl-C
 def test_ctrl_c_takes_the_clusters_down(tmp_path: Path, sky_offline: object) -> None:
     outcome = run(tmp_path, [ClusterScript()], interrupt_after_polls=40)

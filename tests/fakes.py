@@ -1208,16 +1208,17 @@ class FakeJobsApi:
                     continue
                 if name_match is not None and name_match not in job.name:
                     continue
-                self._advance(job)
-                row = {
-                    "job_id": job.job_id,
-                    "task_id": 0,
-                    "job_name": job.name,
-                    "status": state.ManagedJobStatus(job.status),
-                    "recovery_count": job.recovery_count,
-                    "failure_reason": job.failure_reason,
-                    **self._where(job),
-                }
+                with self._advancing:  # one consistent record, as SkyPilot's DB read
+                    self._advance(job)
+                    row = {
+                        "job_id": job.job_id,
+                        "task_id": 0,
+                        "job_name": job.name,
+                        "status": state.ManagedJobStatus(job.status),
+                        "recovery_count": job.recovery_count,
+                        "failure_reason": job.failure_reason,
+                        **self._where(job),
+                    }
                 if wanted:
                     keep = set(wanted) | {"job_id", "task_id", "status"}
                     row = {k: v for k, v in row.items() if k in keep}
@@ -1231,7 +1232,8 @@ class FakeJobsApi:
         """``cluster_resources`` and ``infra`` of the job's cluster, from its launched
         resources with SkyPilot's own formatters (sky/jobs/utils.py:
         _populate_job_record_from_handle); "-" without one."""
-        if job.cluster is None or not job.launched:
+        cluster = job.cluster
+        if cluster is None or not job.launched:
             return {"cluster_resources": "-", "infra": "-"}
         from sky.utils import infra_utils, resources_utils
 
@@ -1239,7 +1241,7 @@ class FakeJobsApi:
         simple, _ = resources_utils.format_resource(launched, simplified_only=True)
         infra = infra_utils.InfraInfo(str(launched.cloud), launched.region, launched.zone)
         return {
-            "cluster_resources": f"{job.cluster.nodes}x{simple}",
+            "cluster_resources": f"{cluster.nodes}x{simple}",
             "infra": infra.formatted_str(),
         }
 

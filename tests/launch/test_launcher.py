@@ -277,6 +277,9 @@ def test_dry_run_writes_yaml_that_skypilot_loads(
         assert len(shapes) == len(task.resources)  # ordered candidates, no repeats
         recovery = task.resources[0].job_recovery
         assert recovery["recover_on_exit_codes"] == [proto.PREEMPTED_EXIT_CODE]
+        # --job-recovery auto: a dry run asks no server, and says what its task shows.
+        assert recovery["strategy"] == "EAGER_NEXT_REGION"
+        assert "--job-recovery auto: a dry run does not ask the API server" in out
         assert recovery["max_restarts_on_errors"] == 0
 
 

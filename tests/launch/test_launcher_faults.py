@@ -422,3 +422,47 @@ def test_signals_to_a_real_srifty_launch_take_its_cluster_down(
     assert seen["launched"] and seen["left_up"] == [], seen
     assert seen["downs"] == seen["launched"]
     assert [e.state for e in ClusterLedger(run_dir).entries()] == ["down"]
+
+
+# ---------------------------------------------------------------- a preemption, recovered
+@pytest.mark.parametrize("plugin", [True, False], ids=["with-plugin", "without-plugin"])
+def test_managed_preemption_is_recovered_where_the_summary_says(
+    plugin: bool,
+    project: tuple[Path, Path],
+    s3_uri: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sky_offline: object,
+) -> None:
+    """``srifty-launch --backend sky-jobs`` (``--job-recovery auto``, the default) on a
+    spot notice: SkyPilot's controller relaunches the job on the next ordered offer when
+    the server has our plugin, on the preempted one without it, and the summary names
+    both offers."""
+    from lightning_srifty.cli.launch_cmd import summary_rows
+    from lightning_srifty.launch.sky_recovery import PLUGIN_CLASS
+
+    fake = FakeSkyApi(
+        # Slower than the fault table: the launcher polls every 0.5 s of real time and
+        # reads where the job runs while it is RUNNING, so it must see each run once.
+        clock=VirtualClock(speed=SPEED / 10),
+        scripts=[ClusterScript(preempt_after_s=100), ClusterScript()],
+        plugins=(PLUGIN_CLASS,) if plugin else (),
+    )
+    ran = _launch(project, s3_uri, tmp_path, capsys, fake, managed=True)
+    assert ran.code == 0, ran.err
+    ((_, task, _),) = fake.launched
+    ordered = list(task.resources)
+    assert {r.job_recovery["strategy"] for r in ordered} == {
+        "SRIFTY_NEXT_OFFER" if plugin else "EAGER_NEXT_REGION"
+    }
+    warned = [m for m in ran.ui.messages if m.startswith("--job-recovery auto")]
+    assert len(warned) == (0 if plugin else 1)  # one line, and only without the plugin
+    (outcome,) = ran.ui.summaries
+    rows = dict(summary_rows(outcome))  # type: ignore[arg-type]
+    assert rows["preemptions survived"] == "1"
+    moved_to = ordered[1] if plugin else ordered[0]
+    recovery = rows["  SkyPilot recovery"]
+    before, after = recovery.removeprefix("#1: ").split(" -> ")
+    assert ordered[0].instance_type[:12] in before and ordered[0].region in before
+    assert moved_to.instance_type[:12] in after and moved_to.region in after
+    assert rows["  managed job ran on"] == before

@@ -306,6 +306,8 @@ def test_job_recovery_is_checked_when_the_options_are_read() -> None:
     assert options(backend="sky-jobs", job_recovery="SRIFTY_NEXT_OFFER").job_recovery == (
         "SRIFTY_NEXT_OFFER"
     )
+    assert options(backend="sky-jobs").job_recovery == "auto"  # the default
+    assert options(backend="sky").job_recovery == "auto"  # allowed: it means nothing there
     with pytest.raises(ConfigError, match="--job-recovery 'NEXT' is not valid"):
         options(backend="sky-jobs", job_recovery="NEXT")
     with pytest.raises(ConfigError, match="only with --backend sky-jobs"):

@@ -306,7 +306,6 @@ class SkyJobsBackend(SkyClient):
         self.strategy, line = choose_recovery(self._plugins())
         if line:
             self.notes.append(line)
-            log.warning("%s", line)
         return line
 
     @property
@@ -327,8 +326,10 @@ class SkyJobsBackend(SkyClient):
         return same_shape([first, *rest])
 
     def launch(self, spec: LaunchSpec) -> ManagedJob:
-        if self.strategy is None:
-            self.resolve_recovery()  # checks the server and its clouds first
+        if self.strategy is None:  # nobody asked before: say it here, once
+            line = self.resolve_recovery()  # checks the server and its clouds first
+            if line:
+                log.warning("%s", line)
         else:
             self.check_credentials(retry=self._launches > 0)
         self._launches += 1

@@ -482,6 +482,7 @@ def test_an_unreachable_or_older_server_falls_back_to_eager(tmp_path: Path, endp
 
 
 def test_an_explicit_strategy_wins_and_asks_nothing() -> None:
+    from lightning_srifty.core.errors import ConfigError
     from lightning_srifty.launch.sky_jobs import SkyJobsBackend
 
     def must_not_ask() -> None:
@@ -490,6 +491,8 @@ def test_an_explicit_strategy_wins_and_asks_nothing() -> None:
     backend = SkyJobsBackend(recovery="FAILOVER", plugins=must_not_ask)
     assert backend.resolve_recovery() == ""
     assert backend.strategy == "FAILOVER" and backend.planned_strategy == "FAILOVER"
+    with pytest.raises(ConfigError, match="--job-recovery 'NEXT' is not valid"):
+        SkyJobsBackend(recovery="NEXT")
 
 
 def test_auto_reads_the_name_our_plugin_reports() -> None:

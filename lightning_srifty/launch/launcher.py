@@ -27,9 +27,11 @@ from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.core.planner import (
     PlanRequest,
     PlanResult,
+    on_shared_cores,
     plan,
     plan_pinned,
     predict_per_step,
+    profile_core_share,
 )
 from lightning_srifty.core.probing import (
     PROBE_MODES,
@@ -775,6 +777,9 @@ def _expectation(
             high = max(step * math.exp(max(cal.residual_high, 0.0)), p90)
             return Expectation(step, low, high, p.hourly_usd, target)
         run = predict_per_step(model, profile, local_cluster(profile, topology))
+        share = profile_core_share(profile)
+        if share is not None:  # a CPU profile: the run's processes share this machine
+            run = on_shared_cores(run, share, *local.core_shares(topology.world_size))
         return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
     return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
 

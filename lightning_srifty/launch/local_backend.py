@@ -70,6 +70,51 @@ def map_topology(
     return LocalTopology(nodes=count, procs_per_node=width)
 
 
+_SHARE_PROBE = """
+import sys, time
+start, span = float(sys.argv[1]), float(sys.argv[2])
+while time.time() < start:
+    time.sleep(0.001)
+wall, cpu, n = time.perf_counter(), time.process_time(), 0
+while time.perf_counter() - wall < span:
+    n += 1
+print((time.process_time() - cpu) / (time.perf_counter() - wall))
+"""
+"""One busy process: after a common start, spins for ``span`` seconds of wall time and
+prints the share of a core it got (CPU seconds per wall second)."""
+
+
+def cpu_share_now(procs: int, *, span_s: float = 0.4, python: str = sys.executable) -> list[float]:
+    """The share of a core each of ``procs`` busy processes gets on this machine now.
+
+    Srifty's rule, measure where you will run, applied to the local backend: several
+    local "GPUs" share this machine's cores with each other and with other work, and
+    how much each gets depends on the scheduler (fair shares among threads or control
+    groups, a VM's quota), which no model of the machine knows. ``procs`` one-thread
+    processes spin together for ``span_s`` (under a second in all) and report their
+    CPU time over wall time. Returns one share per process; empty when the measurement
+    could not run (the caller then keeps the model's prediction).
+    """
+    start = time.time() + 0.15 + 0.02 * procs  # all started before any spins
+    argv = [python, "-S", "-c", _SHARE_PROBE, f"{start:.6f}", f"{span_s:.3f}"]
+    try:
+        running = [
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # noqa: S603
+            for _ in range(procs)
+        ]
+    except OSError:
+        return []
+    shares = []
+    for proc in running:
+        try:
+            out, _ = proc.communicate(timeout=span_s + 10.0)
+            shares.append(float(out.strip()))
+        except (subprocess.TimeoutExpired, ValueError):
+            proc.kill()
+            proc.wait()
+    return shares if len(shares) == procs else []
+
+
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1 for the rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -121,6 +166,12 @@ class LocalBackend:
         process make tiny ops wait on each other and step times meaningless.
         """
         return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+    def core_shares(self, procs: int) -> tuple[float, list[float]]:
+        """The share of a core one process, then each of ``procs`` processes, would get
+        on this machine now (:func:`cpu_share_now`; every local node runs here)."""
+        alone = cpu_share_now(1, python=self.python)
+        return (alone[0] if alone else 0.0), cpu_share_now(procs, python=self.python)
 
     def fix_shape(self, *, per_node: int | None, nodes: int | None) -> None:
         """Keeps what the script's own ``Trainer(devices=, num_nodes=)`` fixes."""

@@ -161,10 +161,14 @@ def test_a_probe_refit_moves_the_calibration_towards_the_probed_hardware(
     slow = scaled(slow, "alpha", lambda r: r.nodes > 1, 1.6)
     probed = [r for r in slow.rows["alpha"] if r.replicas > 1 and probe_revealed(r)]
     refit = refit_on_probes(base, [fit_group(slow, "alpha", probed)])
-    assert refit.physics != base.physics
+    # the probed instance type gets constants of its own; every other keeps the base's
+    kind = slow.hardware.instance_type
+    assert [h.instance_type for h in refit.hardware_terms] == [kind]
+    assert refit.physics_on(kind) != base.physics
+    assert refit.physics == base.physics and refit.physics_on("other.type") == base.physics
     far = [r for r in slow.rows["alpha"] if r.nodes > 2]
     before = predict_rows(slow, "alpha", far, base)
     after = predict_rows(slow, "alpha", far, refit)
     assert np.median(after.ape) < np.median(before.ape)
-    assert refit.physics.inter_algorithm == base.physics.inter_algorithm
+    assert refit.physics_on(kind).inter_algorithm == base.physics.inter_algorithm
     assert refit_on_probes(base, []) is base

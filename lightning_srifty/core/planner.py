@@ -513,7 +513,10 @@ def _candidate_arrays(
         [distinct.setdefault(o.node_links, len(distinct)) for o in type_offers], dtype=np.int64
     )
     mem = np.array([o.gpu_memory_gib for o in type_offers], dtype=float)
-    return CandidateArrays(acc[types], gpn[types], nodes, link[types], mem[types], tuple(distinct))
+    names = np.array([o.instance_type for o in type_offers], dtype=object)
+    return CandidateArrays(
+        acc[types], gpn[types], nodes, link[types], mem[types], tuple(distinct), names[types]
+    )
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,10 @@ class SriftyCallback(pl.Callback):
         """Lightning's optimizer steps when the window started (it counts each optimizer
         a manual ``training_step`` steps)."""
         self._epochs_in_window = 0
+        self._window_clocks: tuple[float, float] | None = None
+        """(process CPU time, wall time) when the window started."""
+        self._window_data_wait_s = 0.0
+        self._host_share: dict[str, float] | None = None
         self._measuring = False
         self._in_step = False
         self._handles: list[RemovableHandle] = []
@@ -342,6 +346,7 @@ class SriftyCallback(pl.Callback):
         if self._measuring:
             self._in_step = True
             self._seen_outputs = {}
+            self._window_data_wait_s += data_wait
             self._micros.append(_Micro(data_wait_s=data_wait, start=self._clock.mark()))
 
     def on_before_backward(
@@ -476,6 +481,8 @@ class SriftyCallback(pl.Callback):
                     self._handles.append(param.register_hook(self._grad_end_hook(name, True)))
         if self._recorder is not None:
             self._recorder.active = True
+        self._window_clocks = (time.process_time(), time.perf_counter())
+        self._window_data_wait_s = 0.0
         self._measuring = True
 
     def _pre_forward_hook(self, name: str) -> Any:
@@ -659,6 +666,7 @@ class SriftyCallback(pl.Callback):
         )
 
     def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._host_share = self._measured_host_share(pl_module)
         self._remove_hooks()
         self._measuring = False
         self.profiled = True
@@ -687,6 +695,27 @@ class SriftyCallback(pl.Callback):
             if self.verbose:
                 print(f"srifty: profile written to {self.written_path}", flush=True)
         self._on_window_done(trainer, pl_module)
+
+    def _measured_host_share(self, pl_module: pl.LightningModule) -> dict[str, float] | None:
+        """How much of a core the process got while it computed (CPU profiles only).
+
+        CPU seconds per second of the window's wall time outside data waits: 1 on an
+        idle machine for a one-thread process, less when other work shared the cores.
+        A local run of several processes is predicted from it (the launcher measures the
+        share its processes get, :func:`~lightning_srifty.launch.local_backend.
+        cpu_share_now`), so a profile taken while others used the cores is not
+        mistaken for slow work, nor a run among them for fast.
+        """
+        if pl_module.device.type != "cpu" or self._window_clocks is None:
+            return None
+        cpu0, wall0 = self._window_clocks
+        busy_wall = time.perf_counter() - wall0 - self._window_data_wait_s
+        if busy_wall <= 0.0:
+            return None
+        return {
+            "cpu_share": round((time.process_time() - cpu0) / busy_wall, 4),
+            "intra_op_threads": float(torch.get_num_threads()),
+        }
 
     def _on_window_done(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Under the launcher's profile mode: checkpoint here, then stop cleanly."""
@@ -761,6 +790,7 @@ class SriftyCallback(pl.Callback):
                 sum(self._micro_counts),
             ),  # fmt: skip
             script=facts_for(trainer),
+            host_share=self._host_share,
         )
 
     def _environment(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Environment:

@@ -12,6 +12,8 @@ Outside the launcher none of this runs. Under it, environment variables (see
   ``SRIFTY_CHECKPOINT_INTERVAL_S`` seconds (or ``SRIFTY_CHECKPOINT_EVERY_STEPS`` steps),
   and on a preemption notice (SIGTERM or the EC2 spot notice) save an emergency
   checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`;
+* **probe mode**: as train mode, writing no checkpoint; with two processes or more it
+  first times all-reduces among them (:mod:`~lightning_srifty.capture.collective`);
 * **progress**: rank zero appends JSON lines to ``SRIFTY_PROGRESS_PATH`` and, with
   ``SRIFTY_PROGRESS_STDOUT=1``, prints them to its log (cloud runs).
 """
@@ -238,6 +240,12 @@ class LaunchSession:
             0.0,
             checkpoint=self.resumed_from,
         )
+        if self.settings.mode == proto.MODE_PROBE and int(trainer.world_size) > 1:
+            from lightning_srifty.capture.collective import measure_allreduce
+
+            # every rank takes part; the links the plan depends on, measured on their own
+            timings = measure_allreduce(trainer.strategy.root_device)
+            self._report(trainer, "collective", step, 0.0, allreduce=timings)
 
     def after_step(self, trainer: pl.Trainer) -> None:
         """Called at every batch end: progress, target, preemption, periodic save."""
@@ -363,7 +371,13 @@ class LaunchSession:
         os._exit(code)  # skip teardown: the node is going away
 
     def _report(
-        self, trainer: pl.Trainer, event: str, step: int, step_s: float, checkpoint: str = ""
+        self,
+        trainer: pl.Trainer,
+        event: str,
+        step: int,
+        step_s: float,
+        checkpoint: str = "",
+        allreduce: tuple[tuple[int, float], ...] = (),
     ) -> None:
         path = self.settings.progress_path
         if not trainer.is_global_zero or (path is None and not self.settings.progress_stdout):
@@ -375,6 +389,7 @@ class LaunchSession:
             step_s=step_s,
             checkpoint=checkpoint,
             world_size=int(trainer.world_size),
+            allreduce=allreduce,
         ).to_line()
         if self.settings.progress_stdout:
             print(proto.PROGRESS_LINE_PREFIX + line, flush=True)

@@ -180,6 +180,9 @@ class ModelFacts:
     script: dict[str, Any] | None = None
     """What the script fixes in ``Trainer(...)`` and how it builds it (LightningCLI or
     not), when the launcher's profiling run recorded it."""
+    host_share: dict[str, float] | None = None
+    """A CPU profile's share of a core while computing (``cpu_share``) and its intra-op
+    threads (``intra_op_threads``); ``None`` on GPUs."""
 
 
 def ancestors(name: str) -> list[str]:
@@ -408,6 +411,8 @@ def _extra(facts: ModelFacts) -> dict[str, Any]:
         extra["trainer"] = dict(facts.trainer_limits)
     if facts.script is not None:
         extra["script"] = dict(facts.script)
+    if facts.host_share is not None:
+        extra["host"] = dict(facts.host_share)
     return extra
 
 

@@ -264,6 +264,49 @@ class JobTerms:
 
 
 @dataclass(frozen=True)
+class HardwareTerms:
+    """Hardware constants measured on one instance type by probes of it.
+
+    A calibration's :class:`PhysicsConstants` are the centre of every kind of hardware it
+    was fitted on; a probe measures one instance type where the plan would run (its
+    effective link rates, how much sharing its host slows a job, its per-step host
+    time). Those measurements hold for that instance type only, so they are kept apart
+    and used for clusters made of it alone; every other instance type keeps the
+    calibration's constants.
+    """
+
+    instance_type: str
+    physics: PhysicsConstants
+    rows: int = 0
+    """How many measured steps the constants were refitted on."""
+    evidence: tuple[str, ...] = ()
+    """Constants set by a direct measurement (a collective-bandwidth measurement)
+    rather than by the step times alone."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance_type": self.instance_type,
+            "physics": self.physics.to_json(),
+            "rows": self.rows,
+            "evidence": list(self.evidence),
+        }
+
+    @staticmethod
+    def from_reader(r: Reader) -> HardwareTerms:
+        physics = r.child("physics")
+        assert physics is not None
+        evidence = r.raw("evidence", [])
+        if not isinstance(evidence, list) or not all(e in NUMERIC_CONSTANTS for e in evidence):
+            raise r.fail("evidence", f"expected a list of constant names, got {evidence!r}")
+        return HardwareTerms(
+            instance_type=r.str("instance_type"),
+            physics=PhysicsConstants.from_reader(physics),
+            rows=r.int("rows", 0, minimum=0),
+            evidence=tuple(evidence),
+        )
+
+
+@dataclass(frozen=True)
 class Correction:
     """Multiplicative correction ``exp(tree(x))`` with a quantile interval."""
 
@@ -394,6 +437,15 @@ class Calibration:
     transport is off by more, and only leaving whole hardware out shows how much."""
     metrics: dict[str, float] = field(default_factory=dict, compare=False)
     schema_version: int = CALIBRATION_SCHEMA_VERSION
+    hardware_terms: tuple[HardwareTerms, ...] = ()
+    """Constants refitted on probes of single instance types (see :class:`HardwareTerms`):
+    they replace :attr:`physics` for clusters of that instance type alone."""
+
+    def physics_on(self, instance_type: str) -> PhysicsConstants:
+        """The hardware constants for a cluster of ``instance_type`` alone: a probe's
+        where one measured it, the calibration's otherwise."""
+        found = next((h for h in self.hardware_terms if h.instance_type == instance_type), None)
+        return self.physics if found is None else found.physics
 
     def is_seen(self, accelerator: str, transport: str) -> bool:
         """Whether the fit measured this accelerator over this transport (or the
@@ -443,6 +495,7 @@ class Calibration:
             "hardware_spread": self.hardware_spread,
             "unseen_widening": self.unseen_widening,
             "metrics": dict(self.metrics),
+            "hardware_terms": [h.to_dict() for h in self.hardware_terms],
         }
 
     @staticmethod
@@ -493,4 +546,7 @@ class Calibration:
             unseen_widening=r.float("unseen_widening", 0.0, minimum=0.0),
             metrics={str(k): float(v) for k, v in metrics.items()},
             schema_version=version,
+            hardware_terms=tuple(
+                HardwareTerms.from_reader(h) for h in r.children("hardware_terms", [])
+            ),
         )

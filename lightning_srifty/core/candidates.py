@@ -33,6 +33,33 @@ class CandidateArrays:
     """float: memory of one accelerator in the group."""
     links: tuple[NodeLinks, ...]
     """The distinct node links the groups use (see :mod:`lightning_srifty.core.links`)."""
+    instance_type: np.ndarray | None = None
+    """Instance type name per group (dtype object or str; ``None``: not known, as for
+    synthetic candidates): where a probe refitted an instance type's own constants."""
+
+    def single_type(self) -> np.ndarray:
+        """Per candidate, the one instance type all its groups use (``""`` for a mix or
+        when the types are not known)."""
+        n = self.size
+        if self.instance_type is None:
+            return np.full(n, "", dtype=object)
+        present = self.nodes > 0
+        names = np.where(present, self.instance_type, "").astype(object)
+        first = names[np.arange(n), np.argmax(present, axis=1)] if n else names[:, 0]
+        same = np.all(~present | (names == first[:, None]), axis=1)
+        return np.where(same, first, "").astype(object)
+
+    def take(self, rows: np.ndarray) -> CandidateArrays:
+        """The candidates at ``rows`` (an index or boolean mask)."""
+        return CandidateArrays(
+            self.accelerator[rows],
+            self.gpus_per_node[rows],
+            self.nodes[rows],
+            self.link_index[rows],
+            self.gpu_memory_gib[rows],
+            self.links,
+            None if self.instance_type is None else self.instance_type[rows],
+        )
 
     def link_columns(self) -> LinkColumns:
         """The groups' links as numpy columns (shape (n, G))."""
@@ -52,15 +79,17 @@ class CandidateArrays:
         nodes = np.zeros((n, width), dtype=np.int64)
         link_index = np.zeros((n, width), dtype=np.int64)
         mem = np.zeros((n, width), dtype=np.float64)
+        types = np.full((n, width), "", dtype=object)
         links: dict[NodeLinks, int] = {}
         for i, cluster in enumerate(clusters):
             for j, group in enumerate(cluster.groups):
                 acc[i, j] = group.offer.accelerator
+                types[i, j] = group.offer.instance_type
                 gpn[i, j] = group.gpus_per_node
                 nodes[i, j] = group.nodes
                 link_index[i, j] = links.setdefault(group.offer.node_links, len(links))
                 mem[i, j] = group.offer.gpu_memory_gib
-        return CandidateArrays(acc, gpn, nodes, link_index, mem, tuple(links))
+        return CandidateArrays(acc, gpn, nodes, link_index, mem, tuple(links), types)
 
 
 @dataclass(frozen=True)

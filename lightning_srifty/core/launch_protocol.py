@@ -171,7 +171,17 @@ def lightning_cli_args(env: Mapping[str, str], *, keep: Collection[str] = ()) ->
     return out
 
 
-PROGRESS_EVENTS = ("start", "resumed", "step", "checkpoint", "profile-done", "done", "preempted")
+PROGRESS_EVENTS = (
+    "start",
+    "resumed",
+    "step",
+    "checkpoint",
+    "profile-done",
+    "done",
+    "preempted",
+    "collective",
+)
+"""``collective``: a probe's all-reduce timings (:attr:`ProgressEvent.allreduce`)."""
 
 
 @dataclass(frozen=True)
@@ -189,9 +199,15 @@ class ProgressEvent:
     checkpoint: str = ""
     """Checkpoint id for ``checkpoint``/``resumed``/``preempted`` events."""
     world_size: int = 1
+    allreduce: tuple[tuple[int, float], ...] = ()
+    """``collective`` events: ``(bytes, seconds)`` of an all-reduce among every process,
+    per buffer size (a probe's collective-bandwidth measurement)."""
 
     def to_line(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        data = asdict(self)
+        if not self.allreduce:
+            del data["allreduce"]
+        return json.dumps(data, separators=(",", ":"))
 
     @staticmethod
     def from_line(line: str, *, source: str | None = None) -> ProgressEvent:
@@ -207,7 +223,25 @@ class ProgressEvent:
             step_s=r.float("step_s", 0.0, minimum=0.0),
             checkpoint=r.str("checkpoint", ""),
             world_size=r.int("world_size", 1, minimum=1),
+            allreduce=_timings(r),
         )
+
+
+def _timings(r: Reader) -> tuple[tuple[int, float], ...]:
+    """A progress line's ``allreduce`` pairs, checked."""
+    raw = r.raw("allreduce", [])
+    ok = isinstance(raw, list) and all(
+        isinstance(x, list)
+        and len(x) == 2
+        and isinstance(x[0], int)
+        and x[0] > 0
+        and isinstance(x[1], int | float)
+        and x[1] > 0
+        for x in raw
+    )
+    if not ok:
+        raise r.fail("allreduce", f"expected a list of [bytes, seconds] pairs, got {raw!r}")
+    return tuple((int(b), float(s)) for b, s in raw)
 
 
 def progress_from_log_line(line: str, *, source: str | None = None) -> ProgressEvent | None:

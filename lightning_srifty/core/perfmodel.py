@@ -42,6 +42,7 @@ from lightning_srifty.core.calibration import (
     EVERY_ACCELERATOR,
     Calibration,
     Correction,
+    HardwareTerms,
     PhysicsConstants,
 )
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
@@ -395,8 +396,70 @@ class PerformanceModel:
         local_batch: int | np.ndarray | None,
         global_batch: int | None,
     ) -> dict[str, np.ndarray]:
-        job = self.calibration.job(profile.model_name, profile.environment.instance_type)
-        phys = self.physics.for_job(job)
+        """Every candidate on its hardware's constants: those a probe refitted for the
+        one instance type it is made of, the calibration's for every other one."""
+        terms = self.calibration.hardware_terms
+        if not terms or cand.instance_type is None:
+            return self._evaluate_on(profile, cand, local_batch, global_batch, self.physics, "")
+        kinds = cand.single_type()
+        probed = [h for h in terms if np.any(kinds == h.instance_type)]
+        if not probed:
+            return self._evaluate_on(profile, cand, local_batch, global_batch, self.physics, "")
+        parts: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+        rest = np.ones(cand.size, dtype=bool)
+        for h in probed:
+            rows = kinds == h.instance_type
+            rest &= ~rows
+            parts.append((rows, self._part(profile, cand, rows, local_batch, global_batch, h)))
+        if rest.any():
+            parts.append((rest, self._part(profile, cand, rest, local_batch, global_batch, None)))
+        merged: dict[str, np.ndarray] = {}
+        for rows, out in parts:
+            for key, value in out.items():
+                if key not in merged:
+                    merged[key] = np.empty((cand.size, *value.shape[1:]), dtype=value.dtype)
+                merged[key][rows] = value
+        return merged
+
+    def _part(
+        self,
+        profile: Profile,
+        cand: CandidateArrays,
+        rows: np.ndarray,
+        local_batch: int | np.ndarray | None,
+        global_batch: int | None,
+        hardware: HardwareTerms | None,
+    ) -> dict[str, np.ndarray]:
+        """:meth:`_evaluate_on` for the candidates at ``rows`` (a boolean mask)."""
+        if isinstance(local_batch, np.ndarray) and local_batch.ndim:
+            local_batch = local_batch.reshape(-1)[rows]
+        physics = self.physics if hardware is None else hardware.physics
+        kind = "" if hardware is None else hardware.instance_type
+        return self._evaluate_on(profile, cand.take(rows), local_batch, global_batch, physics, kind)
+
+    def _evaluate_on(
+        self,
+        profile: Profile,
+        cand: CandidateArrays,
+        local_batch: int | np.ndarray | None,
+        global_batch: int | None,
+        physics: PhysicsConstants,
+        instance_type: str,
+    ) -> dict[str, np.ndarray]:
+        """The model on one set of hardware constants; ``instance_type`` names the
+        hardware they were probed on (its co-location term for the job, if measured)."""
+        cal = self.calibration
+        job = next(
+            (
+                j
+                for j in cal.jobs
+                if instance_type
+                and j.name == profile.model_name
+                and j.instance_type == instance_type
+            ),
+            None,
+        ) or cal.job(profile.model_name, profile.environment.instance_type)
+        phys = physics.for_job(job)
         nodes = np.asarray(cand.nodes, dtype=np.int64)
         gpn = np.asarray(cand.gpus_per_node, dtype=np.int64)
         present = nodes > 0

@@ -513,7 +513,10 @@ def _candidate_arrays(
         [distinct.setdefault(o.node_links, len(distinct)) for o in type_offers], dtype=np.int64
     )
     mem = np.array([o.gpu_memory_gib for o in type_offers], dtype=float)
-    return CandidateArrays(acc[types], gpn[types], nodes, link[types], mem[types], tuple(distinct))
+    names = np.array([o.instance_type for o in type_offers], dtype=object)
+    return CandidateArrays(
+        acc[types], gpn[types], nodes, link[types], mem[types], tuple(distinct), names[types]
+    )
 
 
 @dataclass(frozen=True)
@@ -1273,3 +1276,55 @@ def result_to_dict(result: PlanResult, request: PlanRequest) -> dict[str, Any]:
         "pareto_front": [{"time_h": t, "cost_usd": c} for t, c in result.front],
         "notes": list(result.notes),
     }
+
+
+def profile_core_share(profile: Profile) -> float | None:
+    """The share of a core each thread of a CPU profile got while it computed (from
+    ``extra["host"]``, written by the callback), or ``None`` when it was not measured."""
+    host = profile.extra.get("host")
+    if not isinstance(host, dict):
+        return None
+    share, threads = host.get("cpu_share"), host.get("intra_op_threads", 1.0)
+    if not isinstance(share, int | float) or not isinstance(threads, int | float):
+        return None
+    if share <= 0.0 or threads < 1.0:
+        return None
+    return min(float(share) / float(threads), 1.0)
+
+
+def on_shared_cores(
+    pred: Prediction, profile_share: float, alone_share: float, run_shares: Sequence[float]
+) -> Prediction:
+    """``pred`` for local processes that share this machine's cores, from a CPU profile
+    that got ``profile_share`` of a core (CPU seconds per second of wall time), given
+    what one spinning process (``alone_share``) and then ``len(run_shares)`` of them
+    (``run_shares``) got just now.
+
+    On CPU "devices" every part of a step (layers, optimizer, gloo's all-reduce) runs on
+    cores the processes share with each other and with whatever else the machine runs.
+    The work of a step is what it is; its wall time is the work over the share of a core
+    the process gets, and the scheduler decides the shares: fair per thread, or per
+    session (Linux autogroups: a session's processes split one share), or a VM's quota.
+    Two estimates of the run's share: what its processes' stand-ins got now, and, when
+    the profile did not have a whole core, the profile's share split the way the machine
+    splits it now (``alone_share`` over the run's). The middle factor is their geometric
+    mean and the interval spans both, so a machine whose load moved between the profile
+    and the run says so with a wider interval.
+    """
+    if not run_shares or alone_share <= 0.0:
+        return pred
+    profile_share = min(max(profile_share, 0.02), 1.0)
+    now = min(max(sum(run_shares) / len(run_shares), 0.02), 1.0)
+    factors = [profile_share / now]
+    if profile_share < 0.95:  # a whole core says nothing about the others' load
+        factors.append(max(min(alone_share, 1.0) / now, 1.0))
+    mid = math.exp(sum(math.log(f) for f in factors) / len(factors))
+    return dataclasses.replace(
+        pred,
+        step_s=pred.step_s * mid,
+        low_s=pred.low_s * min(factors),
+        high_s=pred.high_s * max(factors),
+        compute_s=pred.compute_s * mid,
+        comm_s=pred.comm_s * mid,
+        allreduce_s=pred.allreduce_s * mid,
+    )

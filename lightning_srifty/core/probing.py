@@ -18,10 +18,18 @@ the best plan.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from lightning_srifty.core.cluster import Plan
+import numpy as np
+
+from lightning_srifty.core.cluster import Cluster, Plan
+from lightning_srifty.core.errors import SchemaError
+from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.profile import Profile
+from lightning_srifty.core.validate import Reader, check_version
 
 PROBE_MODES = ("auto", "on", "off")
 DEFAULT_MAX_PROBES = 3
@@ -183,3 +191,171 @@ def _amount(value: float, unit: str) -> str:
     if unit == "h":
         return f"{value * 60:.1f} min" if value < 1 else f"{value:.1f} h"
     return f"${value:,.2f}" if value >= 1 else f"${value:.3g}"
+
+
+@dataclass(frozen=True)
+class LinkEvidence:
+    """What a probe's all-reduce timings say about the link its ring is paced by."""
+
+    constants: dict[str, float] = field(default_factory=dict)
+    """Refitted constants: the link's efficiency (and its per-hop latency, where the
+    small buffers show one above the collective's launch cost)."""
+    measured_gbps: float = 0.0
+    """Bus bandwidth measured (Gbit/s): ``2(p-1)/p`` bytes per byte reduced, over the
+    time per byte of the larger buffers."""
+    predicted_gbps: float = 0.0
+    """What the model's constants give the same ring before the probe (Gbit/s)."""
+    link: str = ""
+    """The link's name (``"tcp"``, ``"PCIe"``, ...)."""
+
+
+def link_evidence(
+    model: PerformanceModel,
+    profile: Profile,
+    cluster: Cluster,
+    allreduce: Sequence[tuple[int, float]],
+) -> LinkEvidence | None:
+    """The effective rate and latency of the link that paces ``cluster``'s ring, from
+    all-reduce timings among its processes (``(bytes, seconds)``); ``None`` when they
+    cannot tell (fewer than two sizes, one process, or no time per byte).
+
+    A ring all-reduce of ``S`` bytes over ``p`` processes takes
+    ``launch + 2(p-1)·latency + 2(p-1)/p · S / rate`` (:mod:`~lightning_srifty.core.comm`):
+    a line through the timings gives the rate (slope) and the latency (intercept). The
+    slowest link in the ring paces it: the network across nodes, else the GPUs' own link.
+    Its efficiency is scaled by measured over predicted rate, as the model's rates are
+    efficiency times a physical rate.
+    """
+    world = cluster.world_size
+    points = sorted((int(b), float(t)) for b, t in allreduce if b > 0 and t > 0)
+    if world < 2 or len({b for b, _ in points}) < 2:
+        return None
+    sizes = np.asarray([b for b, _ in points], dtype=np.float64)
+    times = np.asarray([t for _, t in points], dtype=np.float64)
+    slope, intercept = np.polyfit(sizes, times, 1)
+    if not slope > 0:
+        return None
+    ring = 2.0 * (world - 1) / world
+    measured = ring / float(slope)  # bytes/s on the ring's slowest link
+    pred = model.predict(profile, cluster, local_batch=profile.environment.step_batch_size)
+    links = cluster.groups[0].offer.node_links
+    phys = model.calibration.physics_on(_single_type(cluster))
+    across = cluster.nodes > 1 and pred.inter_bytes_s <= pred.intra_bytes_s
+    if across or links.isolated_gpus:
+        name, link = f"{links.transport}_efficiency", links.transport
+        latency = "tcp_latency_s" if links.transport == "tcp" else "rdma_latency_s"
+        predicted = pred.inter_bytes_s if across else pred.intra_bytes_s
+    else:
+        nvlink = links.interconnect in ("NVSwitch", "NVLink")
+        name = "nvlink_efficiency" if nvlink else "pcie_efficiency"
+        latency = "nvlink_latency_s" if nvlink else "pcie_latency_s"
+        link, predicted = links.interconnect, pred.intra_bytes_s
+    if not (math.isfinite(predicted) and predicted > 0):
+        return None
+    constants = {name: getattr(phys, name) * measured / predicted}
+    hop = (float(intercept) - phys.collective_launch_s) / (2.0 * (world - 1))
+    if hop > 0:
+        constants[latency] = hop
+    return LinkEvidence(constants, measured * 8e-9, predicted * 8e-9, link)
+
+
+def _single_type(cluster: Cluster) -> str:
+    kinds = {g.offer.instance_type for g in cluster.groups}
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
+PROBE_RECORD_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ProbeRecord:
+    """What one probe measured, against what the model predicted: ``probe-<n>.json`` in
+    the run folder, the evidence the plan was made again on."""
+
+    index: int
+    plan: str
+    """The plan probed, as described to the user."""
+    instance_type: str
+    """The hardware the measurement counts for (``""``: a mix of types, whose job terms
+    alone are refitted)."""
+    nodes: int
+    """Nodes and processes per node that really ran (scaled down on the local backend)."""
+    procs_per_node: int
+    stand_in: bool
+    """Processes on this machine stood in for the plan's hardware (local backend)."""
+    predicted_step_s: float
+    predicted_low_s: float
+    predicted_high_s: float
+    measured_step_s: float | None
+    """Steady seconds per step (``None``: the probe measured nothing)."""
+    steps: int
+    elapsed_s: float
+    cost_usd: float
+    """What the probe cost at its plan's price (launch to stop)."""
+    allreduce: tuple[tuple[int, float], ...] = ()
+    """``(bytes, seconds)`` of the collective-bandwidth measurement (two processes or more)."""
+    measured_gbps: float | None = None
+    """Bus bandwidth the collective measurement shows (Gbit/s)."""
+    predicted_gbps: float | None = None
+    """The same link as the model predicted it before the probe (Gbit/s)."""
+    schema_version: int = PROBE_RECORD_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "kind": "srifty-probe",
+            "index": self.index,
+            "plan": self.plan,
+            "instance_type": self.instance_type,
+            "nodes": self.nodes,
+            "procs_per_node": self.procs_per_node,
+            "stand_in": self.stand_in,
+            "predicted_step_s": self.predicted_step_s,
+            "predicted_low_s": self.predicted_low_s,
+            "predicted_high_s": self.predicted_high_s,
+            "measured_step_s": self.measured_step_s,
+            "steps": self.steps,
+            "elapsed_s": self.elapsed_s,
+            "cost_usd": self.cost_usd,
+            "allreduce": [list(x) for x in self.allreduce],
+            "measured_gbps": self.measured_gbps,
+            "predicted_gbps": self.predicted_gbps,
+        }
+
+    @staticmethod
+    def from_dict(data: Any, *, source: str | None = None) -> ProbeRecord:
+        """Validates ``data``; errors name ``source`` and the field."""
+        r = Reader(data, source=source, error=SchemaError)
+        version = check_version(r, PROBE_RECORD_SCHEMA_VERSION, kind="probe record")
+        if r.raw("kind", "srifty-probe") != "srifty-probe":
+            raise r.fail("kind", "must be 'srifty-probe' (is this a profile or a calibration?)")
+        pairs = r.raw("allreduce", [])
+        if not isinstance(pairs, list) or not all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(v, int | float) for v in x)
+            for x in pairs
+        ):
+            raise r.fail("allreduce", "expected a list of [bytes, seconds] pairs")
+        measured = r.raw("measured_step_s", None)
+        return ProbeRecord(
+            index=r.int("index", minimum=1),
+            plan=r.str("plan"),
+            instance_type=r.str("instance_type", ""),
+            nodes=r.int("nodes", minimum=1),
+            procs_per_node=r.int("procs_per_node", minimum=1),
+            stand_in=bool(r.raw("stand_in", False)),
+            predicted_step_s=r.float("predicted_step_s", positive=True),
+            predicted_low_s=r.float("predicted_low_s", positive=True),
+            predicted_high_s=r.float("predicted_high_s", positive=True),
+            measured_step_s=None if measured is None else r.float("measured_step_s", positive=True),
+            steps=r.int("steps", 0, minimum=0),
+            elapsed_s=r.float("elapsed_s", 0.0, minimum=0.0),
+            cost_usd=r.float("cost_usd", 0.0, minimum=0.0),
+            allreduce=tuple((int(b), float(t)) for b, t in pairs),
+            measured_gbps=_optional(r, "measured_gbps"),
+            predicted_gbps=_optional(r, "predicted_gbps"),
+            schema_version=version,
+        )
+
+
+def _optional(r: Reader, key: str) -> float | None:
+    return None if r.raw(key, None) is None else float(r.float(key, minimum=0.0))

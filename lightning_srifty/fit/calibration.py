@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from lightning_srifty.core.calibration import (
+    EVERY_ACCELERATOR,
     FEATURE_NAMES,
     INTER_ALGORITHMS,
     NUMERIC_CONSTANTS,
@@ -44,6 +45,7 @@ from lightning_srifty.core.calibration import (
     Calibration,
     Correction,
     FitSource,
+    HardwareTerms,
     JobTerms,
     PhysicsConstants,
 )
@@ -191,6 +193,10 @@ class FitGroup:
     """Measured gradient-synchronisation (exposed communication) time per row, if known."""
     source: str = ""
     """Fingerprint of the hardware the rows were measured on."""
+    compute_scale: float = 1.0
+    """Measured over predicted compute of the job on these rows' GPUs, known from a refit
+    of the job's own terms (a probe): the hardware fit must not take it for a hardware
+    constant."""
 
     @property
     def size(self) -> int:
@@ -502,7 +508,7 @@ def _fit_once(
         parts = []
         for g, w in zip(usable, weights, strict=True):
             phys = physics.for_job(_terms_for(terms, g))
-            model = PerformanceModel(specs, Calibration(physics=phys))
+            model = PerformanceModel(specs, _with_compute(phys, g))
             out = model._evaluate(g.profile, g.candidates, g.local_batch, None)
             parts.append(w * np.log(np.maximum(out["step"], 1e-12) / g.measured_s))
             if g.sync_s is not None:
@@ -572,6 +578,22 @@ def _fit_once(
             chosen.append(i)
     unidentified = [names[i] for i in sorted(chosen)]
     return _Outcome(physics, sized, float(best.cost), tuple(unidentified))
+
+
+def _with_compute(phys: PhysicsConstants, group: FitGroup) -> Calibration:
+    """A calibration of ``phys`` alone, with the group's known compute scale."""
+    name = group.profile.model_name
+    if group.compute_scale == 1.0 or not name:
+        return Calibration(physics=phys)
+    carried = JobTerms(
+        name=name,
+        tail_fraction=phys.tail_fraction,
+        overlap_window=phys.overlap_window,
+        colocation_slowdown=phys.colocation_slowdown,
+        compute_scale=group.compute_scale,
+        accelerator=EVERY_ACCELERATOR,
+    )
+    return Calibration(physics=phys, jobs=(carried,))
 
 
 def _robust_cost(residuals: np.ndarray) -> float:
@@ -908,16 +930,29 @@ PROBE_PRIOR_SIGMA = 1.0
 probes on new hardware refit it: a transport's efficiency on one cluster says only
 roughly what it is on another, so a probe's rows may move it far (a factor e at one
 sigma); what they cannot identify stays as calibrated."""
+EVIDENCE_SIGMA = 0.1
+"""Prior spread (log units) of a constant a probe measured directly (a link's
+efficiency and latency from its collective-bandwidth measurement): the step times may
+still move it, by about 10 %."""
 
 
-def probe_priors(physics: PhysicsConstants, sigma: float = PROBE_PRIOR_SIGMA) -> dict[str, Prior]:
-    """:data:`PRIORS` re-centred on a calibration's constants, for a refit on new rows."""
-    values = physics.to_dict()
+def probe_priors(
+    physics: PhysicsConstants,
+    sigma: float = PROBE_PRIOR_SIGMA,
+    evidence: Mapping[str, float] | None = None,
+) -> dict[str, Prior]:
+    """:data:`PRIORS` re-centred on a calibration's constants, for a refit on new rows;
+    constants in ``evidence`` (measured directly) are centred on what was measured,
+    with the narrow :data:`EVIDENCE_SIGMA`."""
+    values = {**physics.to_dict(), **(evidence or {})}
     out = {}
     for name in _NAMES:
         p = PRIORS[name]
         centre = min(max(values[name], p.low * 1.0001), p.high * 0.9999)
-        out[name] = Prior(p.low, p.high, centre, sigma, f"calibrated value ({p.source})")
+        if evidence and name in evidence:
+            out[name] = Prior(p.low, p.high, centre, EVIDENCE_SIGMA, "measured by a probe")
+        else:
+            out[name] = Prior(p.low, p.high, centre, sigma, f"calibrated value ({p.source})")
     return out
 
 
@@ -925,41 +960,88 @@ def refit_on_probes(
     calibration: Calibration,
     groups: Sequence[FitGroup],
     gpu_specs: dict[str, GpuSpec] | None = None,
+    *,
+    evidence: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Calibration:
     """``calibration`` refitted to probe measurements of the hardware it will predict.
 
     A probe is a short run of the job at one and two nodes of one or two GPUs on a
-    candidate instance type. Its rows (``groups``, one per job and hardware) refit the
-    hardware constants (transport efficiencies and latencies: the effective link rates
-    of that hardware; co-location; per-step costs) and each probed job's own terms, in
-    the same mixed-effects fit as :func:`fit_physics`, with the calibration's values as
-    the priors' centres (:func:`probe_priors`): constants the probe cannot identify are
-    held at the calibration's value, the NCCL algorithm is kept. The probed jobs' terms
-    replace their old ones for the probed instance types. The interval and the learned
-    correction are the calibration's; the probed hardware counts as seen, so its
-    predictions lose the unseen-hardware widening. Used by ``srifty validate --protocol probed`` and
-    by the launcher's probes alike.
+    candidate instance type. Its rows (``groups``, one per job and hardware; the
+    profile's instance type names the hardware) refit that instance type's constants
+    (transport efficiencies and latencies: its effective link rates; co-location;
+    per-step host time) and each probed job's own terms, in the same mixed-effects fit
+    as :func:`fit_physics`, with the calibration's values as the priors' centres
+    (:func:`probe_priors`): constants the probe cannot identify are held at the
+    calibration's value, the NCCL algorithm is kept. ``evidence`` maps an instance type
+    to constants a probe measured directly (its collective-bandwidth measurement: see
+    :func:`lightning_srifty.fit.probes.link_evidence`), which centre their priors.
+
+    Each probed instance type gets constants of its own (:class:`HardwareTerms`), fitted
+    on its rows alone; every other instance type keeps the calibration's. The probed
+    jobs' terms replace their old ones for the probed instance types, keeping a compute
+    scale a refit of the job found. The interval and the learned correction are the
+    calibration's; the probed hardware counts as seen, so its predictions lose the
+    unseen-hardware widening. Used by ``srifty validate --protocol probed`` and by the
+    launcher's probes alike.
     """
     usable = [g for g in groups if g.size > 0]
-    if not usable:
+    measured = dict(evidence or {})
+    kinds = list(dict.fromkeys([*(g.instance_type for g in usable), *measured]))
+    if not kinds:
         return calibration
-    physics, jobs = fit_physics(
-        usable,
-        gpu_specs,
-        calibration.physics,
-        priors=probe_priors(calibration.physics),
-        algorithms=(calibration.physics.inter_algorithm,),
-    )
+    hardware = {h.instance_type: h for h in calibration.hardware_terms}
+    jobs: list[JobTerms] = []
+    for kind in kinds:
+        start = calibration.physics_on(kind)
+        direct = dict(measured.get(kind, {}))
+        mine = [_carry_compute(calibration, g) for g in usable if g.instance_type == kind]
+        if mine:
+            physics, fitted = fit_physics(
+                mine,
+                gpu_specs,
+                start,
+                priors=probe_priors(start, evidence=direct),
+                algorithms=(start.inter_algorithm,),
+            )
+            jobs.extend(_keep_compute(calibration, t) for t in fitted)
+        else:
+            values = {**start.to_dict(), **_clamped(direct)}
+            physics = PhysicsConstants(**values, inter_algorithm=start.inter_algorithm)  # type: ignore[arg-type]
+        rows = sum(g.size for g in mine)
+        hardware[kind] = HardwareTerms(kind, physics, rows, tuple(sorted(direct)))
     refitted = {(j.name, j.instance_type) for j in jobs}
     kept = tuple(j for j in calibration.jobs if (j.name, j.instance_type) not in refitted)
     seen = tuple(sorted({*calibration.seen_hardware, *seen_hardware(usable)}))
     return replace(
         calibration,
-        physics=physics,
         jobs=(*kept, *jobs),
         rows=calibration.rows + sum(g.size for g in usable),
         seen_hardware=seen if calibration.seen_hardware else (),
+        hardware_terms=tuple(hardware.values()),
     )
+
+
+def _clamped(values: Mapping[str, float]) -> dict[str, float]:
+    """Constants held inside their physical bounds (:data:`PRIORS`)."""
+    return {n: min(max(float(v), PRIORS[n].low), PRIORS[n].high) for n, v in values.items()}
+
+
+def _carry_compute(calibration: Calibration, group: FitGroup) -> FitGroup:
+    """``group`` with the compute scale a refit of its job already found."""
+    old = calibration.job(group.profile.model_name or group.model, group.instance_type)
+    if old is None or not old.accelerator or old.compute_scale == 1.0:
+        return group
+    if old.accelerator not in (EVERY_ACCELERATOR, str(group.candidates.accelerator[0, 0])):
+        return group
+    return replace(group, compute_scale=old.compute_scale)
+
+
+def _keep_compute(calibration: Calibration, terms: JobTerms) -> JobTerms:
+    """Fitted job terms that keep the compute scale of the job's old terms."""
+    old = calibration.job(terms.name, terms.instance_type)
+    if old is None or not old.accelerator:
+        return terms
+    return replace(terms, compute_scale=old.compute_scale, accelerator=old.accelerator)
 
 
 def optional_catalog_io() -> Any:

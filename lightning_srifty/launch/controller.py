@@ -135,6 +135,8 @@ class ProbeReport:
     elapsed_s: float
     """Wall time from launch to stop (what the probe is billed)."""
     state: JobState
+    allreduce: tuple[tuple[int, float], ...] = ()
+    """``(bytes, seconds)`` of the all-reduces the job timed among its processes."""
 
 
 @dataclass(frozen=True)
@@ -515,6 +517,9 @@ class Controller:
             steps=max(reached - start, 0),
             elapsed_s=self.clock() - t0,
             state=state,
+            allreduce=next(
+                (e.allreduce for e in reversed(progress.events) if e.event == "collective"), ()
+            ),
         )
 
     @property

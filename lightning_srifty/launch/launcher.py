@@ -27,14 +27,18 @@ from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.core.planner import (
     PlanRequest,
     PlanResult,
+    on_shared_cores,
     plan,
     plan_pinned,
     predict_per_step,
+    profile_core_share,
 )
 from lightning_srifty.core.probing import (
     PROBE_MODES,
+    ProbeRecord,
     decide_probes,
     interval_value,
+    link_evidence,
     probe_seconds,
 )
 from lightning_srifty.core.profile import Profile
@@ -787,6 +791,9 @@ def _expectation(
             high = max(step * math.exp(max(cal.residual_high, 0.0)), p90)
             return Expectation(step, low, high, p.hourly_usd, target)
         run = predict_per_step(model, profile, local_cluster(profile, topology))
+        share = profile_core_share(profile)
+        if share is not None:  # a CPU profile: the run's processes share this machine
+            run = on_shared_cores(run, share, *local.core_shares(topology))
         return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
     return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
 
@@ -826,12 +833,11 @@ def probe_and_replan(
     controller: Controller,
     local: LocalBackend | None,
 ) -> tuple[PlanResult, PerformanceModel]:
-    """Probes the plans that could be the best when that is worth it, refits the job on
-    what they measured and plans again; returns the (possibly new) plans and model."""
-    from lightning_srifty.fit.refine import refit_job_on  # lazy: scipy
-
-    remote = local is None
+    """Probes the plans that could be the best when that is worth it, refits the job and
+    the probed hardware on what they measured and plans again; returns the (possibly
+    new) plans and model. Each probe's record is kept as ``probe-<n>.json``."""
     startup_s = PROBE_STARTUP_LOCAL_S if local is not None else request.restart_delay_h * 3600
+    remote = local is None
     decision = decide_probes(
         result.plans,
         objective=request.objective,
@@ -861,38 +867,18 @@ def probe_and_replan(
     ):
         ui.info("probes declined; planning on the profile alone")
         return result, model
-    measured: list[tuple[Cluster, float]] = []
-    spent_usd, spent_s = 0.0, 0.0
-    k = profile.environment.accumulate_grad_batches
-    for index, p in enumerate(decision.plans, 1):
-        report = controller.probe(
-            p, index, timeout_s=startup_s * 3 + probe_seconds(p.step_high_s) * 3
-        )
-        spent_s += report.elapsed_s
-        spent_usd += report.elapsed_s / 3600.0 * p.hourly_usd
-        ran = local_cluster(profile, local.topology_for(p.cluster)) if local else p.cluster
-        before = predict_per_step(model, profile, ran).step_s
-        if report.measured_step_s is None:
-            ui.info(
-                f"probe {index} on {p.cluster.describe()} measured nothing ({report.state.value})"
-            )
-            continue
-        measured.append((ran, report.measured_step_s * k))
-        if local is not None:
-            low, high = report.spread_s or (report.measured_step_s, report.measured_step_s)
-            local.measured[local.topology_for(p.cluster)] = (report.measured_step_s, low, high)
-        ui.info(
-            f"probe {index} on {p.cluster.describe()}: {report.measured_step_s * 1e3:.1f} ms per "
-            f"step measured against {before * 1e3:.1f} ms predicted ({report.steps} steps, "
-            f"{report.elapsed_s:.0f} s)"
-        )
-    if not measured:
+    records = [
+        _run_probe(index, p, ui, profile, model, controller, local, startup_s)
+        for index, p in enumerate(decision.plans, 1)
+    ]
+    spent_usd = sum(r.cost_usd for r in records)
+    spent_s = sum(r.elapsed_s for r in records)
+    if not any(r.measured_step_s is not None for r in records):
         ui.info("the probes measured nothing; planning on the profile alone")
         return result, model
-    refitted = PerformanceModel(
-        model.gpu_specs,
-        refit_job_on(model.calibration, profile, measured, gpu_specs=model.gpu_specs),
-    )
+    refitted = refit_on_probe_records(model, profile, records, decision.plans, local)
+    for line in _hardware_changes(model, refitted, records):
+        ui.info(line)
     was = result.best
     if options.pinned:
         again = plan_pinned(profile, offers, refitted, request, options.pinned)
@@ -903,15 +889,20 @@ def probe_and_replan(
     repriced = _repriced(profile, offers, refitted, request, was)
     spent = f"the probes cost {format_money(spent_usd)} at plan prices ({spent_s:.0f} s)"
     if _same_plan(now, was):
-        ui.info(f"{spent}; the plan held: {now.cluster.describe()}")
+        ui.info(
+            f"{spent}; the plan held: {now.cluster.describe()} (the probes saved nothing; "
+            "they confirmed the plan)"
+        )
     else:
         gain = ""
         if repriced is not None:
             old, new = interval_value(repriced, key, "mid"), interval_value(now, key, "mid")
+            net = old - new - (spent_s / 3600.0 if key == "time" else spent_usd)
             gain = (
-                f", {format_hours(old - new)} sooner"
+                f", {format_hours(old - new)} sooner ({format_hours(net)} net of the probes)"
                 if key == "time"
-                else f", {format_money(old - new)} cheaper than plan #1 as measured"
+                else f", {format_money(old - new)} cheaper than plan #1 as measured "
+                f"({format_money(net)} saved net of the probes)"
             )
         ui.info(
             f"{spent}; the plan changed from {was.cluster.describe()} to "
@@ -919,6 +910,189 @@ def probe_and_replan(
         )
     ui.show_plan(again, request)
     return again, refitted
+
+
+PROBE_RECORD_FILE = "probe-{index}.json"
+"""A probe's record in the run folder (its progress is ``probe-<n>.jsonl``)."""
+
+
+def _run_probe(
+    index: int,
+    p: Plan,
+    ui: LauncherUI,
+    profile: Profile,
+    model: PerformanceModel,
+    controller: Controller,
+    local: LocalBackend | None,
+    startup_s: float,
+) -> ProbeRecord:
+    """Runs one probe, prints what it measured against the prediction and what it cost,
+    and writes its record."""
+    from lightning_srifty.io.probe_io import save_probe_record
+
+    report = controller.probe(p, index, timeout_s=startup_s * 3 + probe_seconds(p.step_high_s) * 3)
+    ran = _probe_ran(profile, p, local)
+    before = predict_per_step(model, profile, ran)
+    cost = report.elapsed_s / 3600.0 * p.hourly_usd
+    link = link_evidence(model, profile, ran, report.allreduce) if report.allreduce else None
+    topology = local.topology_for(p.cluster) if local is not None else None
+    record = ProbeRecord(
+        index=index,
+        plan=p.cluster.describe(),
+        instance_type=_single_type(p.cluster),
+        nodes=topology.nodes if topology else p.cluster.nodes,
+        procs_per_node=topology.procs_per_node if topology else _per_node(p.cluster),
+        stand_in=local is not None,
+        predicted_step_s=before.step_s,
+        predicted_low_s=before.low_s,
+        predicted_high_s=before.high_s,
+        measured_step_s=report.measured_step_s,
+        steps=report.steps,
+        elapsed_s=report.elapsed_s,
+        cost_usd=cost,
+        allreduce=report.allreduce,
+        measured_gbps=link.measured_gbps if link else None,
+        predicted_gbps=link.predicted_gbps if link else None,
+    )
+    save_probe_record(record, controller.run_dir / PROBE_RECORD_FILE.format(index=index))
+    paid = f"{report.elapsed_s:.0f} s, {format_money(cost)}"
+    if report.measured_step_s is None:
+        ui.info(
+            f"probe {index} on {p.cluster.describe()} measured nothing ({report.state.value}; "
+            f"{paid})"
+        )
+        return record
+    if local is not None:
+        low, high = report.spread_s or (report.measured_step_s, report.measured_step_s)
+        local.measured[local.topology_for(p.cluster)] = (report.measured_step_s, low, high)
+    measured_link = ""
+    if link is not None:
+        measured_link = (
+            f"; all-reduce over {link.link} {link.measured_gbps:.3g} Gbps measured against "
+            f"{link.predicted_gbps:.3g} Gbps predicted"
+        )
+    ui.info(
+        f"probe {index} on {p.cluster.describe()}: {report.measured_step_s * 1e3:.1f} ms per "
+        f"step measured against {before.step_s * 1e3:.1f} ms predicted "
+        f"[{before.low_s * 1e3:.1f}, {before.high_s * 1e3:.1f}]{measured_link} "
+        f"({report.steps} steps, {paid})"
+    )
+    return record
+
+
+def refit_on_probe_records(
+    model: PerformanceModel,
+    profile: Profile,
+    records: Sequence[ProbeRecord],
+    plans: Sequence[Plan],
+    local: LocalBackend | None,
+) -> PerformanceModel:
+    """The model refitted on what the probes measured: first the job's own terms on every
+    probe (its compute, co-location and overlap: :func:`~lightning_srifty.fit.refine.
+    refit_job_on`), then each probed instance type's hardware constants on its own
+    probes (:func:`~lightning_srifty.fit.calibration.refit_on_probes`, the refit of
+    ``srifty validate --protocol probed``), the link's rate from the collective
+    measurement. Instance types no probe ran on keep their constants.
+
+    On the local backend the processes that ran stand in for the plan's instance type:
+    their measurement counts for it.
+    """
+    import numpy as np
+
+    from lightning_srifty.core.candidates import CandidateArrays
+    from lightning_srifty.fit.calibration import FitGroup, refit_on_probes
+    from lightning_srifty.fit.refine import refit_job_on  # lazy: scipy
+
+    k = profile.environment.accumulate_grad_batches
+    name = profile.model_name or "job"
+    measured: list[tuple[Cluster, float]] = []
+    rows: dict[str, list[tuple[Cluster, float]]] = {}
+    evidence: dict[str, dict[str, float]] = {}
+    for record, p in zip(records, plans, strict=True):
+        if record.measured_step_s is None:
+            continue
+        ran = _probe_ran(profile, p, local)
+        measured.append((ran, record.measured_step_s * k))
+        kind = record.instance_type
+        if not kind:
+            continue  # a mix of types: no one instance type's constants to refit
+        rows.setdefault(kind, []).append((_as_type(ran, kind), record.measured_step_s * k))
+        link = link_evidence(model, profile, ran, record.allreduce) if record.allreduce else None
+        if link is not None:
+            evidence.setdefault(kind, {}).update(link.constants)
+    calibration = refit_job_on(model.calibration, profile, measured, gpu_specs=model.gpu_specs)
+    env = profile.environment
+    groups = []
+    for kind, done in rows.items():
+        clusters = [c for c, _ in done]
+        groups.append(
+            FitGroup(
+                model=name,
+                profile=dataclasses.replace(
+                    profile,
+                    model_name=name,
+                    environment=dataclasses.replace(env, instance_type=kind),
+                ),
+                candidates=CandidateArrays.from_clusters(clusters),
+                local_batch=np.full(len(done), env.step_batch_size, dtype=np.int64),
+                measured_s=np.asarray([s for _, s in done], dtype=np.float64),
+                source=kind,
+            )
+        )
+    calibration = refit_on_probes(calibration, groups, model.gpu_specs, evidence=evidence)
+    return PerformanceModel(model.gpu_specs, calibration)
+
+
+HARDWARE_CHANGE_SHOWN = 0.05
+"""A refitted hardware constant is printed when it moved by more than this share."""
+
+
+def _hardware_changes(
+    before: PerformanceModel, after: PerformanceModel, records: Sequence[ProbeRecord]
+) -> list[str]:
+    """One line per probed instance type: the constants its probes moved."""
+    lines = []
+    for terms in after.calibration.hardware_terms:
+        old = before.calibration.physics_on(terms.instance_type).to_dict()
+        new = terms.physics.to_dict()
+        moved = [
+            f"{n} {old[n]:.3g} -> {new[n]:.3g}{' (measured)' if n in terms.evidence else ''}"
+            for n in new
+            if abs(new[n] - old[n]) > HARDWARE_CHANGE_SHOWN * max(abs(old[n]), 1e-12)
+        ]
+        if not any(r.instance_type == terms.instance_type for r in records):
+            continue
+        probes = sum(1 for r in records if r.instance_type == terms.instance_type)
+        what = ", ".join(moved) if moved else "no constant moved by more than 5 %"
+        lines.append(
+            f"{terms.instance_type}'s hardware terms refitted on {probes} probe(s): {what}"
+        )
+    return lines
+
+
+def _probe_ran(profile: Profile, p: Plan, local: LocalBackend | None) -> Cluster:
+    """The cluster a probe of ``p`` really ran (this machine's processes, locally)."""
+    return local_cluster(profile, local.topology_for(p.cluster)) if local is not None else p.cluster
+
+
+def _single_type(cluster: Cluster) -> str:
+    """The one instance type of ``cluster`` (``""`` for a mix)."""
+    kinds = {g.offer.instance_type for g in cluster.groups}
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
+def _per_node(cluster: Cluster) -> int:
+    return max(g.gpus_per_node for g in cluster.groups)
+
+
+def _as_type(cluster: Cluster, instance_type: str) -> Cluster:
+    """``cluster`` labelled as ``instance_type`` (local processes standing in for it)."""
+    return Cluster(
+        tuple(
+            dataclasses.replace(g, offer=dataclasses.replace(g.offer, instance_type=instance_type))
+            for g in cluster.groups
+        )
+    )
 
 
 def _unmeasured_shape(profile: Profile, best: Plan, local: LocalBackend | None) -> str:

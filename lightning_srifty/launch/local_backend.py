@@ -70,6 +70,78 @@ def map_topology(
     return LocalTopology(nodes=count, procs_per_node=width)
 
 
+_SHARE_PROBE = """
+import os, sys, time
+start, span, count = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+children = []
+for _ in range(count - 1):
+    pid = os.fork()
+    if pid == 0:  # a forked child: spin, report, leave
+        children = []
+        break
+    children.append(pid)
+while time.time() < start:
+    time.sleep(0.001)
+wall, cpu = time.perf_counter(), time.process_time()
+while time.perf_counter() - wall < span:
+    pass
+print((time.process_time() - cpu) / (time.perf_counter() - wall), flush=True)
+for pid in children:
+    os.waitpid(pid, 0)
+"""
+"""``count`` busy processes (this one and ``count - 1`` forks, in its session): after
+a common start each spins for ``span`` seconds of wall time and prints the share of a
+core it got (CPU seconds per wall second)."""
+
+
+def cpu_share_now(
+    procs_per_node: int,
+    nodes: int = 1,
+    *,
+    own_session: bool = True,
+    span_s: float = 0.4,
+    python: str = sys.executable,
+) -> list[float]:
+    """The share of a core each process of a local run would get on this machine now.
+
+    Srifty's rule, measure where you will run, applied to the local backend: the local
+    "GPUs" share this machine's cores with each other and with other work, and how much
+    each gets is the scheduler's choice (fair shares among threads; among sessions,
+    with Linux's autogroups, so that a session's processes split one share; a VM's
+    quota), which no model of the machine knows. Stand-ins are started as the run's
+    processes are: one session per node (``own_session``, as :meth:`LocalBackend.
+    launch` starts each node's ``torchrun``) with ``procs_per_node`` one-thread
+    processes in it; with ``own_session=False`` they stay in this process's session, as
+    the profiling run does. They spin together for ``span_s`` and report their CPU time
+    over wall time. Returns one share per process; empty when the measurement could
+    not run (the caller then keeps the model's prediction).
+    """
+    start = time.time() + 0.2 + 0.03 * procs_per_node * nodes  # all up before any spins
+    argv = [python, "-S", "-c", _SHARE_PROBE, f"{start:.6f}", f"{span_s:.3f}", str(procs_per_node)]
+    try:
+        running = [
+            subprocess.Popen(  # noqa: S603 - argv list, no shell
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                start_new_session=own_session,
+            )
+            for _ in range(nodes)
+        ]
+    except OSError:
+        return []
+    shares: list[float] = []
+    for proc in running:
+        try:
+            out, _ = proc.communicate(timeout=span_s + 10.0)
+            shares.extend(float(line) for line in out.split())
+        except (subprocess.TimeoutExpired, ValueError):
+            proc.kill()
+            proc.wait()
+    return shares if len(shares) == procs_per_node * nodes else []
+
+
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1 for the rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -121,6 +193,13 @@ class LocalBackend:
         process make tiny ops wait on each other and step times meaningless.
         """
         return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+    def core_shares(self, topology: LocalTopology) -> tuple[float, list[float]]:
+        """The share of a core the profiling process, then each process of a run of
+        ``topology``, would get on this machine now (:func:`cpu_share_now`)."""
+        alone = cpu_share_now(1, own_session=False, python=self.python)
+        run = cpu_share_now(topology.procs_per_node, topology.nodes, python=self.python)
+        return (alone[0] if alone else 0.0), run
 
     def fix_shape(self, *, per_node: int | None, nodes: int | None) -> None:
         """Keeps what the script's own ``Trainer(devices=, num_nodes=)`` fixes."""

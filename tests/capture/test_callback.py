@@ -241,3 +241,12 @@ def test_cuda_profile_uses_events_and_max_allocated(digits: ModuleType, tmp_path
     assert profile.environment.accelerator != "cpu"
     layer_sum = sum(x.forward_s + x.backward_s for x in profile.layers)
     assert 0.05 < layer_sum / (profile.steps.forward_s + profile.steps.backward_s) < 1.05
+
+
+def test_cpu_profile_records_the_share_of_a_core_it_got(profiled_run: dict[str, Any]) -> None:
+    # CPU seconds per second of the window's compute wall time: positive, at most one
+    # core per intra-op thread (a little slack for the clocks' granularity).
+    profile: Profile = profiled_run["callback"].profile
+    host = profile.extra["host"]
+    assert host["intra_op_threads"] == torch.get_num_threads()
+    assert 0.0 < host["cpu_share"] <= host["intra_op_threads"] * 1.1

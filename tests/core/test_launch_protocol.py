@@ -35,3 +35,17 @@ def test_nodes_get_the_release_the_profile_ran(
 def test_a_build_no_index_has_is_refused_in_one_line(torch_version: str) -> None:
     with pytest.raises(ConfigError, match="torch_version .* is not a release"):
         proto.stack_env(torch_version, "2.6.6")
+
+
+def test_a_probes_collective_timings_travel_in_its_progress_line() -> None:
+    from lightning_srifty.core.errors import SchemaError
+    from lightning_srifty.core.launch_protocol import ProgressEvent
+
+    event = ProgressEvent("collective", 1.0, 3, allreduce=((65536, 1e-4), (1 << 20, 2e-3)))
+    assert ProgressEvent.from_line(event.to_line()) == event
+    plain = ProgressEvent("step", 1.0, 3, 0.2)
+    assert "allreduce" not in plain.to_line()  # lines of other events are as before
+    with pytest.raises(SchemaError, match=r"p\.jsonl.*allreduce.*\[bytes, seconds\]"):
+        ProgressEvent.from_line(
+            '{"event":"collective","time":1,"step":3,"allreduce":[[65536,-1]]}', source="p.jsonl"
+        )

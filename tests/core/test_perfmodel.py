@@ -12,6 +12,7 @@ from lightning_srifty.core.calibration import (
     FEATURE_NAMES,
     Calibration,
     Correction,
+    HardwareTerms,
     JobTerms,
     PhysicsConstants,
 )
@@ -517,3 +518,25 @@ def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:
     # one GPU: no synchronisation, nothing the calibration's hardware could change
     alone = model.predict(PROFILE, one_group(1, 1, offer("V100", 4)))
     assert math.log(alone.high_s / alone.step_s) == pytest.approx(0.1)
+
+
+def test_a_probed_instance_types_own_terms_apply_to_clusters_of_it_alone() -> None:
+    """A probe measured g4dn's network at half the calibration's rate: clusters of g4dn
+    alone see it, another type and a mix of the two keep the calibration's constants."""
+    probed = offer(name="g4dn.12xlarge")
+    other = offer(name="g5.12xlarge")
+    slow = dataclasses.replace(PHYS, tcp_efficiency=0.5)
+    cal = Calibration(PHYS, hardware_terms=(HardwareTerms("g4dn.12xlarge", slow, rows=2),))
+    model = PerformanceModel(SPECS, cal)
+    shipped = PerformanceModel(SPECS, Calibration(PHYS))
+    ring = 100 * 1024**2 / (50e9 / 8)  # 2 nodes of one GPU: S / line rate
+    assert model.predict(PROFILE, one_group(2, 1, probed)).allreduce_s == pytest.approx(2 * ring)
+    assert model.predict(PROFILE, one_group(2, 1, other)).allreduce_s == pytest.approx(ring)
+    mix = Cluster((ClusterGroup(probed, 1, 1), ClusterGroup(other, 1, 1)))
+    assert model.predict(PROFILE, mix).step_s == shipped.predict(PROFILE, mix).step_s
+    # the batch path splits the candidates by hardware and puts them back in order
+    clusters = [one_group(2, 1, other), one_group(2, 1, probed), mix, one_group(3, 1, probed)]
+    batch = model.predict_batch(PROFILE, CandidateArrays.from_clusters(clusters))
+    one_by_one = [model.predict(PROFILE, c).step_s for c in clusters]
+    assert batch.step_s.tolist() == pytest.approx(one_by_one)
+    assert cal.physics_on("g5.12xlarge") == PHYS and cal.physics_on("g4dn.12xlarge") == slow

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lightning_srifty.core.catalog import GpuSpec, Offer, band_hourly_rate
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import ConfigError, InfeasibleError, PredictionError
-from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
 from lightning_srifty.core.planner import (
     PlanRequest,
     _pareto_exact,
@@ -22,10 +22,12 @@ from lightning_srifty.core.planner import (
     default_checkpoint_s,
     estimate_step_seconds,
     knee_index,
+    on_shared_cores,
     pareto_front,
     parse_pinned,
     plan,
     plan_pinned,
+    profile_core_share,
     result_to_dict,
     spot_expectations,
     young_daly_interval_h,
@@ -531,3 +533,49 @@ def test_pinning_an_unknown_or_too_small_type_is_refused() -> None:
     huge = make_profile(param_bytes=8 * 1024**3)  # weights, grads, Adam: 32 GiB > 16 GiB
     with pytest.raises(InfeasibleError, match="cannot run this job"):
         plan_pinned(huge, small_catalog(), MODEL, request, (("g4dn.xlarge", 1),))
+
+
+def _local_prediction(step_s: float) -> Prediction:
+    return Prediction(step_s, 0.8 * step_s, 1.25 * step_s, step_s, 0.0, 0.0, (32,), 64, True,
+                      (0.0,), ())  # fmt: skip
+
+
+def test_local_processes_on_shared_cores_slow_by_the_share_they_lose() -> None:
+    pred = _local_prediction(0.020)
+    # An idle machine: a whole core then and now, for each of two processes.
+    same = on_shared_cores(pred, 1.0, 1.0, [1.0, 1.0])
+    assert (same.step_s, same.low_s, same.high_s) == (pred.step_s, pred.low_s, pred.high_s)
+    # Four processes that get half a core each on an otherwise idle machine take twice
+    # the wall time per step of a profile that had a core to itself.
+    halved = on_shared_cores(pred, 1.0, 1.0, [0.5, 0.5, 0.5, 0.5])
+    assert halved.step_s == pytest.approx(2 * pred.step_s)
+    assert halved.high_s == pytest.approx(2 * pred.high_s)
+    # A session that gets a third of the machine, split among its processes (Linux
+    # autogroups): the profile had 1/3, one process now 1/3, two now 1/6 each. Both
+    # estimates say twice the profile's step.
+    split = on_shared_cores(pred, 1 / 3, 1 / 3, [1 / 6, 1 / 6])
+    assert split.step_s == pytest.approx(2 * pred.step_s)
+    assert split.low_s == pytest.approx(2 * pred.low_s)
+    assert split.high_s == pytest.approx(2 * pred.high_s)
+    # Load that went away between the profile (1/3 of a core) and now (a core each):
+    # the interval spans now's three times faster and the profile's load split as the
+    # machine splits it now (no slower than the model).
+    moved = on_shared_cores(pred, 1 / 3, 1.0, [1.0, 1.0])
+    assert moved.low_s == pytest.approx(pred.low_s / 3)
+    assert moved.high_s == pytest.approx(pred.high_s)
+    assert moved.low_s < moved.step_s < pred.step_s
+    assert on_shared_cores(pred, 0.7, 0.7, []) == pred  # nothing measured: the model
+
+
+@pytest.mark.parametrize(
+    ("host", "share"),
+    [({"cpu_share": 0.6, "intra_op_threads": 1.0}, 0.6),
+     ({"cpu_share": 1.6, "intra_op_threads": 2.0}, 0.8),
+     ({"cpu_share": 1.3, "intra_op_threads": 1.0}, 1.0),
+     ({"cpu_share": "x"}, None), ({"cpu_share": 0.0}, None), (None, None)],
+)  # fmt: skip
+def test_profile_core_share_reads_what_the_callback_wrote(
+    host: dict[str, object] | None, share: float | None
+) -> None:
+    profile = make_profile(**({"host": host} if host is not None else {}))
+    assert profile_core_share(profile) == (None if share is None else pytest.approx(share))

@@ -91,3 +91,32 @@ def test_plan_one_on_a_shape_the_profile_never_measured_is_checked_when_cheap() 
     assert not skipped.run and "do not overlap" in skipped.reason  # > 5 % of the job
     measured = decide_probes(long_job, objective="cost", hardware=_kind, startup_s=300.0)
     assert not measured.run  # the profile ran this shape: nothing to check
+
+
+def test_link_evidence_reads_a_rings_rate_and_latency_from_its_timings() -> None:
+    """Timings of a ring at half the model's rate, with 0.2 ms per hop, built from the
+    ring's own algebra (2(p-1)/p bytes per byte on the slowest link): the efficiency
+    halves and the hop latency is read back."""
+    from lightning_srifty.core.calibration import Calibration, PhysicsConstants
+    from lightning_srifty.core.links import loopback_links
+    from lightning_srifty.core.perfmodel import PerformanceModel
+    from lightning_srifty.core.probing import link_evidence
+    from tests.core.test_perfmodel import PROFILE
+
+    o = Offer("duo", "T4", 2, 16.0, 8.0, 64.0, "r", "z", 1.0, None, "PCIe", 40.0,
+              links=loopback_links("PCIe", 40.0))  # fmt: skip
+    cluster = Cluster((ClusterGroup(o, 1, 2),))
+    phys = PhysicsConstants(pcie_efficiency=0.6, collective_launch_s=50e-6)
+    model = PerformanceModel({}, Calibration(phys))
+    rate = model.predict(PROFILE, cluster).intra_bytes_s / 2  # half what the model thinks
+    hop, p = 2e-4, 2
+    timings = [(s, 50e-6 + 2 * (p - 1) * hop + 2 * (p - 1) / p * s / rate)
+               for s in (1 << 16, 1 << 20, 1 << 22)]  # fmt: skip
+    got = link_evidence(model, PROFILE, cluster, timings)
+    assert got is not None and got.link == "PCIe"
+    assert got.constants["pcie_efficiency"] == pytest.approx(0.3, rel=1e-6)
+    assert got.constants["pcie_latency_s"] == pytest.approx(hop, rel=1e-6)
+    assert got.measured_gbps == pytest.approx(got.predicted_gbps / 2, rel=1e-6)
+    assert link_evidence(model, PROFILE, cluster, timings[:1]) is None  # one size: no slope
+    solo = Cluster((ClusterGroup(o, 1, 1),))
+    assert link_evidence(model, PROFILE, solo, timings) is None  # one process: no ring

@@ -6,6 +6,7 @@ real measurements is in ``tests/fit/test_real_accuracy.py``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -161,10 +162,33 @@ def test_a_probe_refit_moves_the_calibration_towards_the_probed_hardware(
     slow = scaled(slow, "alpha", lambda r: r.nodes > 1, 1.6)
     probed = [r for r in slow.rows["alpha"] if r.replicas > 1 and probe_revealed(r)]
     refit = refit_on_probes(base, [fit_group(slow, "alpha", probed)])
-    assert refit.physics != base.physics
+    # the probed instance type gets constants of its own; every other keeps the base's
+    kind = slow.hardware.instance_type
+    assert [h.instance_type for h in refit.hardware_terms] == [kind]
+    assert refit.physics_on(kind) != base.physics
+    assert refit.physics == base.physics and refit.physics_on("other.type") == base.physics
     far = [r for r in slow.rows["alpha"] if r.nodes > 2]
     before = predict_rows(slow, "alpha", far, base)
     after = predict_rows(slow, "alpha", far, refit)
     assert np.median(after.ape) < np.median(before.ape)
-    assert refit.physics.inter_algorithm == base.physics.inter_algorithm
+    assert refit.physics_on(kind).inter_algorithm == base.physics.inter_algorithm
     assert refit_on_probes(base, []) is base
+
+
+def test_a_probes_measured_link_centres_the_refit_of_its_type_only(
+    two_kinds: tuple[Path, Calibration], tmp_path: Path
+) -> None:
+    _, base = two_kinds
+    slow = load_traces(write_synthetic_traces(tmp_path / "slow", noise=0.02))
+    kind = slow.hardware.instance_type
+    probed = [r for r in slow.rows["alpha"] if r.replicas > 1 and probe_revealed(r)]
+    measured = {kind: {"tcp_efficiency": 0.05}}
+    alone = refit_on_probes(base, [], evidence=measured)  # the measurement, no steps
+    assert alone.physics_on(kind).tcp_efficiency == pytest.approx(0.05)
+    assert alone.hardware_terms[0].evidence == ("tcp_efficiency",)
+    assert alone.physics == base.physics
+    fitted = refit_on_probes(base, [fit_group(slow, "alpha", probed)], evidence=measured)
+    free = refit_on_probes(base, [fit_group(slow, "alpha", probed)])
+    got, unguided = fitted.physics_on(kind).tcp_efficiency, free.physics_on(kind).tcp_efficiency
+    # the measured rate pulls the fit towards it, against rows that say otherwise
+    assert abs(math.log(got / 0.05)) < abs(math.log(unguided / 0.05))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from lightning_srifty.core.calibration import CALIBRATION_SCHEMA_VERSION, Calibration
+from lightning_srifty.core.calibration import (
+    CALIBRATION_SCHEMA_VERSION,
+    Calibration,
+    HardwareTerms,
+)
 from lightning_srifty.core.errors import CalibrationError
 from lightning_srifty.io.calibration_io import (
     calibration_or_default,
@@ -52,6 +57,24 @@ def test_the_defaults_provenance_matches_the_shared_data(
         assert traces.hardware.fingerprint == source.fingerprint
         multi = sum(1 for rows in traces.rows.values() for r in rows if r.replicas > 1)
         assert multi == source.rows
+
+
+def test_probed_hardware_terms_round_trip_and_are_checked(
+    default: Calibration, tmp_path: Path
+) -> None:
+    slower = dataclasses.replace(default.physics, tcp_efficiency=0.1, colocation_slowdown=0.3)
+    probed = dataclasses.replace(
+        default,
+        hardware_terms=(HardwareTerms("g4dn.12xlarge", slower, 3, ("tcp_efficiency",)),),
+    )
+    path = save_calibration(probed, tmp_path / "cal.json")
+    again = load_calibration(path)
+    assert again == probed and again.physics_on("g4dn.12xlarge") == slower
+    doc = probed.to_dict()
+    doc["hardware_terms"][0]["evidence"] = ["warp_speed"]
+    _write(path, doc)
+    with pytest.raises(CalibrationError, match=r"cal\.json.*hardware_terms\[0\]\.evidence"):
+        load_calibration(path)
 
 
 def _write(path: Path, doc: dict) -> Path:  # type: ignore[type-arg]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -14,7 +15,12 @@ from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.errors import LaunchError
 from lightning_srifty.launch.backend import JobState, LaunchSpec
-from lightning_srifty.launch.local_backend import LocalBackend, map_topology
+from lightning_srifty.launch.local_backend import (
+    LocalBackend,
+    LocalTopology,
+    cpu_share_now,
+    map_topology,
+)
 
 
 def offer(gpus: int) -> Offer:
@@ -132,3 +138,16 @@ def test_missing_script_is_a_launch_error(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     with pytest.raises(LaunchError, match="script not found"):
         backend.launch(LaunchSpec(str(tmp_path / "nope.py"), (), plan(1, 1)))
+
+
+def test_cpu_share_now_measures_one_share_per_process() -> None:
+    # Real processes spinning on this machine's cores, in one session per node as the
+    # run's: each gets some share of a core, never more than a whole one (slack for the
+    # clocks' granularity).
+    shares = cpu_share_now(2, 2, span_s=0.2)
+    assert len(shares) == 4
+    assert all(0.0 < s <= 1.05 for s in shares)
+    assert len(cpu_share_now(1, own_session=False, span_s=0.1)) == 1
+    assert cpu_share_now(1, span_s=0.1, python="/nonexistent/python") == []
+    alone, each = LocalBackend("unused", python=sys.executable).core_shares(LocalTopology(1, 2))
+    assert 0.0 < alone <= 1.05 and len(each) == 2

@@ -18,10 +18,11 @@ from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.links import loopback_links
 from lightning_srifty.core.monitor import Expectation
 from lightning_srifty.core.perfmodel import PerformanceModel
-from lightning_srifty.core.planner import PlanRequest, plan
+from lightning_srifty.core.planner import PlanRequest, PlanResult, plan
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.spot import make_policy
 from lightning_srifty.io.calibration_io import load_default_calibration
+from lightning_srifty.io.probe_io import load_probe_record
 from lightning_srifty.launch.controller import Controller
 from lightning_srifty.launch.launcher import LaunchOptions, probe_and_replan
 from lightning_srifty.launch.local_backend import LocalBackend
@@ -54,7 +55,14 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Profile, Path]:
 
 def _probe(
     profile: Profile, run_dir: Path, offers: list[Offer], request: PlanRequest
-) -> tuple[object, RecordingUI, object]:
+) -> tuple[PlanResult, RecordingUI, PlanResult]:
+    result, ui, again, _ = _probe_model(profile, run_dir, offers, request)
+    return result, ui, again
+
+
+def _probe_model(
+    profile: Profile, run_dir: Path, offers: list[Offer], request: PlanRequest
+) -> tuple[PlanResult, RecordingUI, PlanResult, PerformanceModel]:
     backend = LocalBackend(run_dir, max_nodes=2, max_procs=2)
     model = PerformanceModel({}, load_default_calibration())
     result = plan(profile, offers, model, request)
@@ -75,9 +83,9 @@ def _probe(
     )  # fmt: skip
     options = LaunchOptions(script=str(SCRIPT), script_args=ARGS, request=request, run_dir=run_dir)
     ui = RecordingUI()
-    again, _ = probe_and_replan(options, ui, profile, offers, model, request, result,
-                                controller, backend)  # fmt: skip
-    return result, ui, again
+    again, refitted = probe_and_replan(options, ui, profile, offers, model, request, result,
+                                       controller, backend)  # fmt: skip
+    return result, ui, again, refitted
 
 
 def test_a_probe_that_changes_the_plan(profiled: tuple[Profile, Path]) -> None:
@@ -100,6 +108,47 @@ def test_a_probe_that_changes_the_plan(profiled: tuple[Profile, Path]) -> None:
     # probes wrote no checkpoint: the only one is still the profiling run's
     manifests = [p.name for p in (run_dir / "checkpoints" / "manifests").iterdir()]
     assert len(manifests) == 1 and "step000000013" in manifests[0]
+
+
+def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
+    profiled: tuple[Profile, Path],
+) -> None:
+    """The probe of two processes sharing a host measures their all-reduce and a step far
+    slower than predicted: duo's own hardware terms move (its host's co-location), the
+    plan leaves duo, and the hardware no probe ran on keeps the shipped constants."""
+    profile, run_dir = profiled
+    for old in run_dir.glob("probe-*.json"):
+        old.unlink()
+    acc = profile.environment.accelerator
+    spare = _offer("spare", 1, 60.0, acc)  # far dearer than the rest: never a contender
+    offers = [_offer("duo", 2, 2.0, acc), _offer("solo", 1, 1.3, acc), spare]
+    request = PlanRequest(target_steps=2_000_000, allow_spot=False, mixes=False, max_nodes=2)
+    before, ui, after, refitted = _probe_model(profile, run_dir, offers, request)
+    assert before.best.cluster.groups[0].offer.instance_type == "duo"
+    assert after.best.cluster.groups[0].offer.instance_type != "duo"
+
+    shipped = load_default_calibration()
+    cal = refitted.calibration
+    probed = {h.instance_type: h for h in cal.hardware_terms}
+    assert "duo" in probed and "spare" not in probed
+    # sharing duo's host slowed every step: its co-location term, and no other type's
+    assert probed["duo"].physics.colocation_slowdown > 2 * shipped.physics.colocation_slowdown
+    assert cal.physics == shipped.physics and cal.physics_on("spare") == shipped.physics
+
+    # the record of duo's probe: its steps and its collective-bandwidth measurement
+    records = [load_probe_record(p) for p in sorted(run_dir.glob("probe-*.json"))]
+    duo = next(r for r in records if r.instance_type == "duo")
+    assert duo.stand_in and duo.nodes * duo.procs_per_node == 2
+    assert duo.measured_step_s is not None and duo.measured_step_s > duo.predicted_high_s
+    assert len({b for b, _ in duo.allreduce}) >= 2 and all(t > 0 for _, t in duo.allreduce)
+    assert duo.measured_gbps is not None and duo.measured_gbps > 0
+    assert duo.cost_usd == pytest.approx(duo.elapsed_s / 3600 * 2.0)
+    assert load_probe_record(run_dir / f"probe-{duo.index}.json") == duo
+
+    said = "\n".join(ui.messages)
+    assert "Gbps measured against" in said and "duo's hardware terms refitted on" in said
+    assert "colocation_slowdown" in said
+    assert "saved net of the probes" in said
 
 
 def test_a_probe_skipped_because_the_intervals_do_not_overlap(

@@ -460,6 +460,7 @@ def test_managed_preemption_is_recovered_where_the_summary_says(
     (outcome,) = ran.ui.summaries
     rows = dict(summary_rows(outcome))  # type: ignore[arg-type]
     assert rows["preemptions survived"] == "1"
+    assert rows["steps done"] == f"{TARGET} / {TARGET}"
     moved_to = ordered[1] if plugin else ordered[0]
     recovery = rows["  SkyPilot recovery"]
     before, after = recovery.removeprefix("#1: ").split(" -> ")

@@ -101,9 +101,12 @@ def server_plugins(timeout_s: float = 10.0) -> list[dict[str, Any]] | None:
         if response.status_code != 200:
             return None
         listed = response.json().get("plugins")
-    except (requests.RequestException, exceptions.ServerTemporarilyUnavailableError, ValueError):
-        return None
-    except AttributeError:  # JSON that is not an object
+    except (
+        requests.RequestException,
+        exceptions.ServerTemporarilyUnavailableError,
+        ValueError,  # not JSON
+        AttributeError,  # JSON, but not an object
+    ):
         return None
     if not isinstance(listed, list):
         return None
@@ -123,8 +126,7 @@ def choose_recovery(plugins: Sequence[dict[str, Any]] | None) -> tuple[str, str]
     if plugins is not None and any(p.get("name") == PLUGIN_NAME for p in plugins):
         return NEXT_OFFER, ""
     why = (
-        "the API server did not say which plugins it loaded (unreachable, or older than "
-        "SkyPilot 0.14)"
+        "the API server did not say which plugins it loaded (unreachable, or too old to list them)"
         if plugins is None
         else f"the API server has not loaded the {PLUGIN_NAME} plugin"
     )

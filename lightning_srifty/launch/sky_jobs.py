@@ -4,8 +4,9 @@ With ``--backend sky`` this machine's controller watches the clusters and migrat
 job itself, so the laptop must stay on. A managed job hands that to SkyPilot's jobs
 controller (a small VM it runs for you): the job is one task whose ``ordered``
 resources are the planner's best plans of one shape, and on a preemption SkyPilot
-relaunches it on the next available one (``job_recovery``) while the job resumes from
-the checkpoint store. ``srifty-launch`` submits it and follows ``sky.jobs.queue_v2`` and
+relaunches it (``job_recovery``: on the next offer with our plugin's
+``SRIFTY_NEXT_OFFER``, else from #1, the preempted offer first; see
+:func:`choose_recovery`) while the job resumes from the checkpoint store. ``srifty-launch`` submits it and follows ``sky.jobs.queue_v2`` and
 the job's log for the live view and the summary; with ``--keep-clusters`` it may be
 closed or killed at any time (otherwise Ctrl-C, SIGTERM and SIGHUP cancel the job).
 """
@@ -251,8 +252,9 @@ class SkyJobsBackend(SkyClient):
     """Runs the whole job as one SkyPilot managed job (``sky.jobs.launch``).
 
     SkyPilot's jobs controller, not this machine, recovers it from preemptions: it
-    relaunches on the next of the ``ordered`` resources (the planner's best plans of
-    the same shape) and the job resumes from the checkpoint store. ``srifty-launch``
+    relaunches on the ``ordered`` resources (the planner's best plans of the same
+    shape; where it starts depends on the strategy, :func:`choose_recovery`) and the
+    job resumes from the checkpoint store. ``srifty-launch``
     only follows it (``sky.jobs.queue_v2`` and the job's log) and prints the summary.
     Ctrl-C, SIGTERM and SIGHUP cancel the job unless ``keep_clusters``; a failed API
     call never does.

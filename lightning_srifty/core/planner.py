@@ -1278,6 +1278,10 @@ def result_to_dict(result: PlanResult, request: PlanRequest) -> dict[str, Any]:
     }
 
 
+WHOLE_CORE_SHARE = 0.95
+"""A CPU profile's share of a core at or above which it had a core to itself."""
+
+
 def profile_core_share(profile: Profile) -> float | None:
     """The share of a core each thread of a CPU profile got while it computed (from
     ``extra["host"]``, written by the callback), or ``None`` when it was not measured."""
@@ -1316,7 +1320,7 @@ def on_shared_cores(
     profile_share = min(max(profile_share, 0.02), 1.0)
     now = min(max(sum(run_shares) / len(run_shares), 0.02), 1.0)
     factors = [profile_share / now]
-    if profile_share < 0.95:  # a whole core says nothing about the others' load
+    if profile_share < WHOLE_CORE_SHARE:  # a whole core says nothing of others' load
         factors.append(max(min(alone_share, 1.0) / now, 1.0))
     mid = math.exp(sum(math.log(f) for f in factors) / len(factors))
     return dataclasses.replace(

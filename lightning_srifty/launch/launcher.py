@@ -793,7 +793,7 @@ def _expectation(
         run = predict_per_step(model, profile, local_cluster(profile, topology))
         share = profile_core_share(profile)
         if share is not None:  # a CPU profile: the run's processes share this machine
-            run = on_shared_cores(run, share, *local.core_shares(topology))
+            run = on_shared_cores(run, share, *local.core_shares(topology, profile_share=share))
         return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
     return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
 

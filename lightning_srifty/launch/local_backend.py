@@ -29,6 +29,7 @@ import psutil
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.cluster import Cluster
 from lightning_srifty.core.errors import LaunchError
+from lightning_srifty.core.planner import WHOLE_CORE_SHARE
 from lightning_srifty.launch.backend import PREEMPTED_EXIT_CODE, JobState, LaunchSpec
 
 
@@ -70,7 +71,7 @@ def map_topology(
     return LocalTopology(nodes=count, procs_per_node=width)
 
 
-_SHARE_PROBE = """
+_SHARE_PROBE = r"""
 import os, sys, time
 start, span, count = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 children = []
@@ -85,7 +86,7 @@ while time.time() < start:
 wall, cpu = time.perf_counter(), time.process_time()
 while time.perf_counter() - wall < span:
     pass
-print((time.process_time() - cpu) / (time.perf_counter() - wall), flush=True)
+os.write(1, f"{(time.process_time() - cpu) / (time.perf_counter() - wall)}\n".encode())
 for pid in children:
     os.waitpid(pid, 0)
 """
@@ -99,7 +100,7 @@ def cpu_share_now(
     nodes: int = 1,
     *,
     own_session: bool = True,
-    span_s: float = 0.4,
+    span_s: float = 0.3,
     python: str = sys.executable,
 ) -> list[float]:
     """The share of a core each process of a local run would get on this machine now.
@@ -194,10 +195,16 @@ class LocalBackend:
         """
         return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
-    def core_shares(self, topology: LocalTopology) -> tuple[float, list[float]]:
+    def core_shares(
+        self, topology: LocalTopology, *, profile_share: float = 0.0
+    ) -> tuple[float, list[float]]:
         """The share of a core the profiling process, then each process of a run of
-        ``topology``, would get on this machine now (:func:`cpu_share_now`)."""
-        alone = cpu_share_now(1, own_session=False, python=self.python)
+        ``topology``, would get on this machine now (:func:`cpu_share_now`). The first
+        is measured only for a profile that had less than a whole core (it is what
+        tells how the machine splits the load the profile saw); else it is 1."""
+        alone = [1.0]
+        if profile_share < WHOLE_CORE_SHARE:
+            alone = cpu_share_now(1, own_session=False, python=self.python)
         run = cpu_share_now(topology.procs_per_node, topology.nodes, python=self.python)
         return (alone[0] if alone else 0.0), run
 

@@ -89,11 +89,12 @@ def _probe_model(
 
 
 def test_a_probe_that_changes_the_plan(profiled: tuple[Profile, Path]) -> None:
-    """Two processes sharing a node look cheapest on paper; probed, they sleep on every
-    batch, and the plan moves to one process per node."""
+    """Two processes sharing a node look cheapest on paper (0.8 per GPU-hour against
+    1.3: a loaded machine's noisier profile does not tip it); probed, they sleep on
+    every batch, and the plan moves to one process per node."""
     profile, run_dir = profiled
     acc = profile.environment.accelerator
-    offers = [_offer("duo", 2, 2.0, acc), _offer("solo", 1, 1.3, acc)]
+    offers = [_offer("duo", 2, 1.6, acc), _offer("solo", 1, 1.3, acc)]
     request = PlanRequest(target_steps=2_000_000, allow_spot=False, mixes=False, max_nodes=2)
     before, ui, after = _probe(profile, run_dir, offers, request)
     assert before.best.cluster.groups[0].gpus_per_node == 2  # duo, on the profile alone
@@ -121,7 +122,7 @@ def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
         old.unlink()
     acc = profile.environment.accelerator
     spare = _offer("spare", 1, 60.0, acc)  # far dearer than the rest: never a contender
-    offers = [_offer("duo", 2, 2.0, acc), _offer("solo", 1, 1.3, acc), spare]
+    offers = [_offer("duo", 2, 1.6, acc), _offer("solo", 1, 1.3, acc), spare]
     request = PlanRequest(target_steps=2_000_000, allow_spot=False, mixes=False, max_nodes=2)
     before, ui, after, refitted = _probe_model(profile, run_dir, offers, request)
     assert before.best.cluster.groups[0].offer.instance_type == "duo"
@@ -142,7 +143,7 @@ def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
     assert duo.measured_step_s is not None and duo.measured_step_s > duo.predicted_high_s
     assert len({b for b, _ in duo.allreduce}) >= 2 and all(t > 0 for _, t in duo.allreduce)
     assert duo.measured_gbps is not None and duo.measured_gbps > 0
-    assert duo.cost_usd == pytest.approx(duo.elapsed_s / 3600 * 2.0)
+    assert duo.cost_usd == pytest.approx(duo.elapsed_s / 3600 * 1.6)
     assert load_probe_record(run_dir / f"probe-{duo.index}.json") == duo
 
     said = "\n".join(ui.messages)

@@ -6,9 +6,10 @@ controller (a small VM it runs for you): the job is one task whose ``ordered``
 resources are the planner's best plans of one shape, and on a preemption SkyPilot
 relaunches it (``job_recovery``: on the next offer with our plugin's
 ``SRIFTY_NEXT_OFFER``, else from #1, the preempted offer first; see
-:func:`choose_recovery`) while the job resumes from the checkpoint store. ``srifty-launch`` submits it and follows ``sky.jobs.queue_v2`` and
-the job's log for the live view and the summary; with ``--keep-clusters`` it may be
-closed or killed at any time (otherwise Ctrl-C, SIGTERM and SIGHUP cancel the job).
+:func:`choose_recovery`) while the job resumes from the checkpoint store.
+``srifty-launch`` submits it and follows ``sky.jobs.queue_v2`` and the job's log for the
+live view and the summary; with ``--keep-clusters`` it may be closed or killed at any
+time (otherwise Ctrl-C, SIGTERM and SIGHUP cancel the job).
 """
 
 from __future__ import annotations

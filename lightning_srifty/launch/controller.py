@@ -148,6 +148,8 @@ class RunSummary:
     target_steps: int
     cost_usd: float
     elapsed_s: float
+    final_checkpoint_step: int = 0
+    """Step of the job's final checkpoint in the store (0: none was written)."""
 
     @property
     def final(self) -> AttemptReport:
@@ -155,7 +157,8 @@ class RunSummary:
 
     @property
     def steps_done(self) -> int:
-        return max((a.last_step for a in self.attempts), default=0)
+        reported = max((a.last_step for a in self.attempts), default=0)
+        return max(reported, self.final_checkpoint_step)
 
     @property
     def recoveries(self) -> int:

@@ -504,6 +504,11 @@ def _run_launch(
     )
     ui.info(f"launching on {chosen.cluster.describe()} via the {backend.name} backend{shape}")
     summary = controller.run(chosen)
+    newest = store.refs()
+    if newest and newest[0].reason == "final":
+        # The store is the job's own record: a log line lost in transit (a follower
+        # that reconnected, a managed job's log read late) does not shrink what it did.
+        summary = dataclasses.replace(summary, final_checkpoint_step=newest[0].step)
     outcome = LaunchOutcome(profiled, result, summary, topology)
     ui.summary(outcome)
     return outcome

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import socket
@@ -124,6 +125,10 @@ def test_full_loop_resumes_at_the_exact_profile_step(tmp_path: Path) -> None:
     store = open_store(str(run_dir / "checkpoints"))
     newest = store.refs()[0]
     assert newest.step == 90 and newest.reason == "final"
+    # the summary counts what the store holds, not only the progress lines it read
+    assert outcome.run.final_checkpoint_step == newest.step == outcome.run.steps_done
+    lost = dataclasses.replace(outcome.run, attempts=())  # as if every line were lost
+    assert lost.steps_done == 90
     found = store.fetch_latest(tmp_path / "restore")
     assert found is not None
     checkpoint = torch.load(found[0], weights_only=True)  # no pickled objects needed

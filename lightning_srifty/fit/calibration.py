@@ -133,13 +133,7 @@ PRIORS: dict[str, Prior] = {
         1e-7, 5e-4, 5e-6, 1.5, "NCCL tuning model: ~1 us per PCIe hop, more through host memory"
     ),
     "tcp_latency_s": Prior(
-        1e-6,
-        1e-4,
-        50e-6,
-        1.5,
-        "a ring hop is one way: half a TCP round trip inside a VPC or a host (tens of us), "
-        "plus NCCL's socket proxy; NCCL's own tuning model puts a network hop at 14 us "
-        "(src/graph/tuning.cc, hwLat NET, ring, Simple)",
+        1e-6, 3e-4, 50e-6, 1.5, "TCP round trips inside a VPC or a host: tens of us"
     ),
     "rdma_latency_s": Prior(1e-7, 1e-4, 10e-6, 1.5, "NCCL tuning model: ~5 us per IB hop"),
     "collective_launch_s": Prior(
@@ -154,11 +148,8 @@ PRIORS: dict[str, Prior] = {
 """Bounds and priors of every numeric :class:`PhysicsConstants` field, with sources.
 
 The bounds are physical (no transport beats its line rate, so an efficiency is at
-most 1; a hop inside a node costs microseconds, so at most 100 us, and so does a TCP
-hop: it is one way, half a round trip inside one data centre, so at most 100 us. A
-bound of 300 us, a whole slow round trip, let the fit on one node's host-stack TCP
-(the Quadro set) charge 300 us per hop and carry that onto the T4 cluster's network:
-its small-gradient job, NCF, came out 17 % too slow there);
+most 1; a hop inside a node costs microseconds, so at most 100 us, and a TCP hop
+at most 300 us, a slow round trip inside one data centre);
 without them a fit can trade a millisecond "latency" per bucket against bandwidth,
 equally well on one cluster but meaningless on another. The priors matter only for
 a constant no fitted row informs."""

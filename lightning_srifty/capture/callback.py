@@ -242,9 +242,11 @@ class SriftyCallback(pl.Callback):
         """Lightning's optimizer steps when the window started (it counts each optimizer
         a manual ``training_step`` steps)."""
         self._epochs_in_window = 0
-        self._window_clocks: tuple[float, float] | None = None
-        """(process CPU time, wall time) when the window started."""
-        self._window_data_wait_s = 0.0
+        self._compute_from: tuple[float, float] | None = None
+        """(this thread's CPU time, wall time) when the batch under way started computing."""
+        self._compute_cpu_s = 0.0
+        self._compute_wall_s = 0.0
+        """CPU and wall time of the window's batches from start to end (data waits out)."""
         self._host_share: dict[str, float] | None = None
         self._measuring = False
         self._in_step = False
@@ -346,7 +348,7 @@ class SriftyCallback(pl.Callback):
         if self._measuring:
             self._in_step = True
             self._seen_outputs = {}
-            self._window_data_wait_s += data_wait
+            self._compute_from = (time.thread_time(), time.perf_counter())
             self._micros.append(_Micro(data_wait_s=data_wait, start=self._clock.mark()))
 
     def on_before_backward(
@@ -393,6 +395,11 @@ class SriftyCallback(pl.Callback):
             or int(trainer.global_step) > self._global_step_at_start
         )
         self._last_end_host = time.perf_counter()
+        if self._compute_from is not None:
+            cpu0, wall0 = self._compute_from
+            self._compute_cpu_s += time.thread_time() - cpu0
+            self._compute_wall_s += self._last_end_host - wall0
+            self._compute_from = None
         if not stepped:
             self._in_step = False
             return
@@ -481,8 +488,7 @@ class SriftyCallback(pl.Callback):
                     self._handles.append(param.register_hook(self._grad_end_hook(name, True)))
         if self._recorder is not None:
             self._recorder.active = True
-        self._window_clocks = (time.process_time(), time.perf_counter())
-        self._window_data_wait_s = 0.0
+        self._compute_cpu_s = self._compute_wall_s = 0.0
         self._measuring = True
 
     def _pre_forward_hook(self, name: str) -> Any:
@@ -699,21 +705,20 @@ class SriftyCallback(pl.Callback):
     def _measured_host_share(self, pl_module: pl.LightningModule) -> dict[str, float] | None:
         """How much of a core the process got while it computed (CPU profiles only).
 
-        CPU seconds per second of the window's wall time outside data waits: 1 on an
-        idle machine for a one-thread process, less when other work shared the cores.
+        The training thread's CPU seconds per second of wall time over the window's
+        batches, from each batch's start to its end (data waits, with their loading in
+        this process, left out): 1 on an idle machine, less when other work shared the
+        cores. The thread's own clock, exact where a process-wide one lags for threads
+        still running on other cores.
         A local run of several processes is predicted from it (the launcher measures the
         share its processes get, :func:`~lightning_srifty.launch.local_backend.
         cpu_share_now`), so a profile taken while others used the cores is not
         mistaken for slow work, nor a run among them for fast.
         """
-        if pl_module.device.type != "cpu" or self._window_clocks is None:
-            return None
-        cpu0, wall0 = self._window_clocks
-        busy_wall = time.perf_counter() - wall0 - self._window_data_wait_s
-        if busy_wall <= 0.0:
+        if pl_module.device.type != "cpu" or self._compute_wall_s <= 0.0:
             return None
         return {
-            "cpu_share": round((time.process_time() - cpu0) / busy_wall, 4),
+            "cpu_share": round(self._compute_cpu_s / self._compute_wall_s, 4),
             "intra_op_threads": float(torch.get_num_threads()),
         }
 

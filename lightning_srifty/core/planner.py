@@ -1283,17 +1283,19 @@ WHOLE_CORE_SHARE = 0.95
 
 
 def profile_core_share(profile: Profile) -> float | None:
-    """The share of a core each thread of a CPU profile got while it computed (from
-    ``extra["host"]``, written by the callback), or ``None`` when it was not measured."""
+    """The share of a core a CPU profile's training thread got while it computed (from
+    ``extra["host"]``, written by the callback); ``None`` when it was not measured or
+    the profile ran several intra-op threads (then not comparable with the one-thread
+    processes a local run starts)."""
     host = profile.extra.get("host")
     if not isinstance(host, dict):
         return None
     share, threads = host.get("cpu_share"), host.get("intra_op_threads", 1.0)
     if not isinstance(share, int | float) or not isinstance(threads, int | float):
         return None
-    if share <= 0.0 or threads < 1.0:
+    if share <= 0.0 or threads != 1.0:
         return None
-    return min(float(share) / float(threads), 1.0)
+    return min(float(share), 1.0)
 
 
 def on_shared_cores(

@@ -74,6 +74,7 @@ def test_preemptions_keep_the_loss_curve(
     in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     reference = _python(3000, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent)
+    monkeypatch.setenv("STEP_SLEEP_S", "0.002")  # >= 6 s of training on any machine
     launched = _launch(
         ["--target-steps", "3000", "--cluster", "g4dn.xlarge:1", "--preempt-every", "3s"],
         in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
@@ -89,6 +90,9 @@ def test_ddp_resumes_at_the_exact_batch(
     """Two processes (Lightning's DistributedSampler): a run revoked every 3 s trains
     exactly as the same launch never revoked."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # >= 4.8 s of training even where a step takes well under a millisecond: without it
+    # an idle machine finished before its first progress report, so nothing was revoked
+    monkeypatch.setenv("STEP_SLEEP_S", "0.002")
     runs = {}
     for name, extra in (("calm", []), ("revoked", ["--preempt-every", "3s"])):
         folder = tmp_path / name

@@ -2,7 +2,9 @@
 
 Dropout draws from the global generator every step, so the loss curve depends on the
 data order and on the random state alike. For the tests only, ``LOSS_LOG=<file>`` makes
-rank zero append ``step loss`` (the loss with every digit) after each batch.
+rank zero append ``step loss`` (the loss with every digit) after each batch, and
+``STEP_SLEEP_S=<s>`` makes every batch take at least that long (a run long enough for a
+revocation on any machine; the losses do not change).
 
     python plain_loader.py [--max-steps N] [--num-workers W]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 import lightning as L
@@ -33,6 +36,7 @@ class Classifier(L.LightningModule):
         return nn.functional.cross_entropy(self.net(x), y)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))
         log = os.environ.get("LOSS_LOG")
         if log and self.global_rank == 0:
             with open(log, "a") as fh:

@@ -438,6 +438,9 @@ class Controller:
     _cooling: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
     attempt: int = field(default=0, init=False)
     """Number of the attempt under way (attempts of a resumed run continue the count)."""
+    expectation: Expectation | None = field(default=None, init=False)
+    """What the attempt under way was promised (its progress is compared with it; on
+    the local backend working it out measures the machine, so it is done once)."""
 
     def args_for(self, plan: Plan) -> tuple[str, ...]:
         """The script's arguments for an attempt on ``plan``."""
@@ -699,7 +702,7 @@ class Controller:
 
     def _attempt(self, attempt: int, plan: Plan, started: float, start_step: int) -> AttemptReport:
         self.attempt = attempt
-        expect = self.expectation_for(plan)
+        expect = self.expectation = self.expectation_for(plan)
         local_file = ProgressFile(self.progress_path(attempt))
         spec = LaunchSpec(
             script=self.script,

@@ -475,7 +475,7 @@ def _run_launch(
     fed_back: set[Plan] = set()
 
     def on_update(p: Plan, snap: Snapshot) -> None:
-        expect = controller.expectation_for(p)
+        expect = controller.expectation or controller.expectation_for(p)
         ui.progress(p, snap, expect)
         if snap.drift and snap.measured_step_s and p not in fed_back:
             fed_back.add(p)

@@ -27,13 +27,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import CheckpointError, ConfigError
 from lightning_srifty.core.launch_protocol import ProgressEvent
+
+if TYPE_CHECKING:
+    from lightning_srifty.capture.preemption import PreemptionWatcher
 
 PROGRESS_EVERY_S = 1.0
 
@@ -223,6 +226,7 @@ class LaunchSession:
         if self.watcher is not None:
             # After Lightning installed its SIGTERM handler, so ours takes the signal.
             self.watcher.start()
+            _adopt_early_sigterm(trainer, self.watcher)
         if self.restored_steps is not None:
             self.steps = self.restored_steps
         elif self.resumed_from:
@@ -363,8 +367,10 @@ class LaunchSession:
         if not self.exit_pending:
             return
         from lightning_srifty.capture.preemption import finish_preempted
+        from lightning_srifty.capture.workers import stop_workers
 
         code = finish_preempted(self.settings.state_dir)
+        stop_workers()  # os._exit below skips the loaders' own clean-up
         self.close()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -429,3 +435,19 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(name, "")
     return Path(raw) if raw else None
+
+
+def _adopt_early_sigterm(trainer: pl.Trainer, watcher: PreemptionWatcher) -> None:
+    """Takes over a SIGTERM that Lightning's handler got before the watcher's.
+
+    Lightning installs its handler just before the fit stage and the watcher replaces it
+    only at ``on_train_start``: in between come the sanity check and the first epoch's
+    DataLoader workers starting (a SIGTERM blocked while they start is delivered right
+    after, to Lightning's handler). Left there, it ends the fit with Lightning's
+    ``SIGTERMException`` at the first batch and nothing is saved; taken over, the job
+    saves its emergency checkpoint at the first step boundary like any other notice.
+    """
+    connector = getattr(trainer, "_signal_connector", None)
+    if connector is not None and getattr(connector, "received_sigterm", False):
+        connector.received_sigterm = False
+        watcher.notice("SIGTERM (before training started)")

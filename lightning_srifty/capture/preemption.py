@@ -153,6 +153,10 @@ class PreemptionWatcher:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._raise("SIGTERM")
 
+    def notice(self, reason: str) -> None:
+        """Raises the flag for a notice that reached the job some other way."""
+        self._raise(reason)
+
     def _raise(self, reason: str) -> None:
         if not self._flag.is_set():
             self.reason = reason

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -9,7 +12,8 @@ import lightning.pytorch as pl
 import pytest
 
 from lightning_srifty import SriftyCallback
-from lightning_srifty.capture.launch_mode import LaunchSettings
+from lightning_srifty.capture.launch_mode import LaunchSettings, _adopt_early_sigterm
+from lightning_srifty.capture.preemption import PreemptionWatcher
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.io.checkpoint_store import open_store
@@ -149,3 +153,25 @@ def test_a_fractional_epochs_target_stops_inside_the_epoch(
     trainer.fit(digits.DigitsModule(hidden=16), datamodule=digits.DigitsDataModule(batch_size=64))
     # 1797 // 64 = 28 batches an epoch, 14 optimizer steps: one and a half epochs is 21.
     assert trainer.global_step == 14 + 7
+
+
+def test_a_sigterm_lightning_took_before_training_becomes_the_runs_notice() -> None:
+    """SIGTERM between Lightning's handler and the watcher's (first workers starting,
+    sanity check): without the hand-over Lightning ends the fit saving nothing."""
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    connector = trainer._signal_connector
+    connector.register_signal_handlers()  # as Trainer._run does before the fit stage
+    watcher = PreemptionWatcher({"SRIFTY_IMDS": "off"})
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not trainer.received_sigterm and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler runs in the main thread, between bytecodes
+        assert trainer.received_sigterm  # Lightning's handler took it
+        watcher.start()  # on_train_start
+        _adopt_early_sigterm(trainer, watcher)
+        assert watcher.should_checkpoint() and "SIGTERM" in watcher.reason
+        assert not trainer.received_sigterm  # no SIGTERMException at the first batch
+    finally:
+        watcher.close()
+        connector.teardown()

@@ -30,7 +30,6 @@ from lightning_srifty.core.launch_protocol import (
     PROGRESS_LINE_PREFIX,
     ProgressEvent,
 )
-from lightning_srifty.launch.local_backend import LocalBackend, LocalTopology
 
 # ---------------------------------------------------------------------------------------
 # SkyPilot API server (owned by launch/sky_client.py, sky_backend.py and sky_jobs.py)
@@ -1695,20 +1694,3 @@ class RecordingUI:
 
     def summary(self, outcome: object) -> None:
         self.summaries.append(outcome)
-
-
-class GivenSharesLocalBackend(LocalBackend):
-    """The local backend with the shares of a core its stand-ins measure given in
-    advance, one list per measurement: how much of a core processes get on a shared
-    machine cannot be set, so a test of what the launcher does with the measurement
-    fixes it here. The measurement itself (``cpu_share_now``, real processes) is
-    tested in ``tests/launch/test_local_backend.py``."""
-
-    def __init__(self, run_dir: Path, shares: list[list[float]]) -> None:
-        super().__init__(run_dir, max_nodes=1, max_procs=2)
-        self.shares = list(shares)
-
-    def core_shares(
-        self, topology: LocalTopology, *, profile_share: float = 0.0
-    ) -> tuple[float, list[float]]:
-        return 1.0, self.shares.pop(0)

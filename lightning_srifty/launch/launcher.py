@@ -796,13 +796,6 @@ def _expectation(
             cal = model.calibration
             low = min(step * math.exp(min(cal.residual_low, 0.0)), p10)
             high = max(step * math.exp(max(cal.residual_high, 0.0)), p90)
-            then = local.measured_share.get(topology)
-            now = _slowest_share(profile, local, p.cluster) if then is not None else None
-            if then is not None and now is not None:
-                # the probe's processes got `then` of a core, the run's get `now`: the
-                # step scales, and the interval spans the probe as measured and as scaled
-                factor = then / now
-                step, low, high = step * factor, low * min(factor, 1.0), high * max(factor, 1.0)
             return Expectation(step, low, high, p.hourly_usd, target)
         run = predict_per_step(model, profile, local_cluster(profile, topology))
         share = profile_core_share(profile)
@@ -810,15 +803,6 @@ def _expectation(
             run = on_shared_cores(run, share, *local.core_shares(topology, profile_share=share))
         return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
     return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
-
-
-def _slowest_share(profile: Profile, local: LocalBackend | None, cluster: Cluster) -> float | None:
-    """The share of a core the slowest process of a local run of ``cluster`` gets now,
-    for a CPU profile (``None`` elsewhere, or when it could not be measured)."""
-    if local is None or profile_core_share(profile) is None:
-        return None
-    _, shares = local.core_shares(local.topology_for(cluster), profile_share=1.0)
-    return max(min(shares), 0.02) if shares else None
 
 
 def _script_for(options: LaunchOptions, backend: Backend) -> str:
@@ -953,7 +937,6 @@ def _run_probe(
     and writes its record."""
     from lightning_srifty.io.probe_io import save_probe_record
 
-    share_then = _slowest_share(profile, local, p.cluster)
     report = controller.probe(p, index, timeout_s=startup_s * 3 + probe_seconds(p.step_high_s) * 3)
     ran = _probe_ran(profile, p, local)
     before = predict_per_step(model, profile, ran)
@@ -989,8 +972,6 @@ def _run_probe(
     if local is not None:
         low, high = report.spread_s or (report.measured_step_s, report.measured_step_s)
         local.measured[local.topology_for(p.cluster)] = (report.measured_step_s, low, high)
-        if share_then is not None:
-            local.measured_share[local.topology_for(p.cluster)] = share_then
     measured_link = ""
     if link is not None:
         measured_link = (

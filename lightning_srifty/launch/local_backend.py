@@ -185,8 +185,6 @@ class LocalBackend:
         self._fixed_nodes: int | None = None
         self.measured: dict[LocalTopology, tuple[float, float, float]] = {}
         """Steady step (median, 10th, 90th percentile) a probe measured per topology."""
-        self.measured_share: dict[LocalTopology, float] = {}
-        """The slowest stand-in's share of a core just before that probe (CPU probes)."""
 
     @staticmethod
     def thread_env() -> dict[str, str]:

@@ -483,36 +483,3 @@ def test_uniform_progress_waits_for_its_home_zone_then_returns(tmp_path: Path) -
     assert any(m.startswith("waiting") and "uniform-progress" in m for m in ui.messages)
     assert all(m.to_plan == m.from_plan for m in moves)
     assert all("uniform-progress" in m.reason for m in moves)
-
-
-def test_a_probes_measurement_is_scaled_by_the_cores_the_run_gets_now(tmp_path: Path) -> None:
-    # A CPU probe measured 20 ms while its slowest process had half a core; the run's
-    # processes now get a quarter each: the run's step is twice the probe's, and the
-    # interval still holds the probe's own measurement.
-    from lightning_srifty.core.catalog import Offer
-    from lightning_srifty.core.cluster import Cluster, ClusterGroup
-    from lightning_srifty.core.links import loopback_links
-    from lightning_srifty.core.perfmodel import PerformanceModel
-    from lightning_srifty.core.planner import plan
-    from lightning_srifty.io.calibration_io import load_default_calibration
-    from lightning_srifty.launch.launcher import _expectation
-    from tests.fakes import GivenSharesLocalBackend
-    from tests.launch.test_refine import _profile
-
-    profile = dataclasses.replace(
-        _profile("T4", 0.02), extra={"host": {"cpu_share": 1.0, "intra_op_threads": 1.0}}
-    )
-    offer = Offer("duo", "T4", 2, 16.0, 8.0, 32.0, "us-west-2", "usw2-az1", 1.0, None,
-                  "PCIe", 50.0, links=loopback_links("PCIe", 50.0))  # fmt: skip
-    model = PerformanceModel({}, load_default_calibration())
-    best = plan(profile, [offer], model, PlanRequest(target_steps=100, allow_spot=False)).best
-    local = GivenSharesLocalBackend(tmp_path, [[0.25, 0.3]])
-    topology = local.topology_for(Cluster((ClusterGroup(offer, 1, 2),)))
-    local.measured[topology] = (0.020, 0.019, 0.021)
-    local.measured_share[topology] = 0.5
-    expected = _expectation(best, profile, model, local, 100)
-    assert expected.step_s == pytest.approx(0.040)
-    assert expected.low_s <= 0.019 and expected.high_s >= 0.042
-    # Without a share measured at probe time the probe's measurement stands as it was.
-    del local.measured_share[topology]
-    assert _expectation(best, profile, model, local, 100).step_s == pytest.approx(0.020)

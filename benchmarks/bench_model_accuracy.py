@@ -261,7 +261,8 @@ def link_floor(specs: dict[str, GpuSpec]) -> None:
     )
     bert = 440 * 1024**2  # BERT-large-ish fp32 gradient: about 110 M parameters x 4 bytes
     print("\n=== EFA: 2 full nodes all-reducing bert's ~440 MiB (EFA = interfaces x card) ===")
-    print(f"{'type':<18}{'EFA Gbps':>9}{'per-node Gbps':>14}{'S/T Gbps':>10}{'S/T / EFA':>10}")
+    print(f"{'type':<18}{'EFA Gbps':>9}{'per-node Gbps':>14}{'S/T Gbps':>10}{'S/T / EFA':>10}"
+          f"{'busbw Gbps':>11}{'busbw / EFA':>12}")  # fmt: skip
     catalog = load_catalog("bundled")
     for name in ("p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p6-b200.48xlarge"):
         offer = catalog.offer(name)
@@ -269,7 +270,9 @@ def link_floor(specs: dict[str, GpuSpec]) -> None:
         links = offer.node_links
         efa = links.nic_gbps if links.uses_efa else 0.0
         share = f"{rate.algorithm_gbps / efa:10.0%}" if efa else f"{'(TCP)':>10}"
-        print(f"{name:<18}{efa:9.0f}{rate.per_node_gbps:14.0f}{rate.algorithm_gbps:10.0f}{share}")
+        bus = f"{rate.bus_gbps / efa:12.0%}" if efa else f"{'(TCP)':>12}"
+        print(f"{name:<18}{efa:9.0f}{rate.per_node_gbps:14.0f}{rate.algorithm_gbps:10.0f}{share}"
+              f"{rate.bus_gbps:11.0f}{bus}")  # fmt: skip
 
 
 def time_predict_batch(traces: TraceSet, specs: dict[str, GpuSpec], n: int = 500_000) -> None:

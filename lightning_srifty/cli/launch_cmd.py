@@ -35,6 +35,7 @@ from lightning_srifty.core.monitor import (
     Snapshot,
     mean_step_time,
     measured_step_time,
+    steady_step_time,
 )
 from lightning_srifty.core.planner import PlanRequest, PlanResult, parse_pinned
 from lightning_srifty.core.spot import POLICY_NAMES
@@ -468,11 +469,14 @@ def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
             f"{expected.high_s * 1e3:.1f}]",
         )
     )
+    steady = steady_step_time(timed[-1].events) if timed else None
     measured = "-"
     if mean is not None and last is not None:
         measured = f"{mean * 1e3:.1f} ms mean over the run; {last * 1e3:.1f} ms last window"
     elif last is not None:
         measured = f"{last * 1e3:.1f} ms last window"
+    if steady is not None:  # what the prediction is for: no start-up, no first steps
+        measured += f"; {steady * 1e3:.1f} ms steady (median after warm-up)"
     rows.append(("step time (measured)", measured))
     rows.append(("steps done", f"{run.steps_done} / {run.target_steps}"))
     resumed = [a.resumed_from for a in run.attempts if a.resumed_from]

@@ -296,10 +296,20 @@ def fabric_links(
     )  # fmt: skip
 
 
-def loopback_links(interconnect: str, gbps: float) -> NodeLinks:
-    """Processes on one machine talking over loopback (gloo): no cap, one socket."""
+def loopback_links(interconnect: str, gbps: float, *, gloo: bool = False) -> NodeLinks:
+    """Processes on one machine talking over loopback: no cap, one socket.
+
+    With ``gloo`` (CPU processes) every hop, even between processes of one machine,
+    takes TCP sockets: ``ProcessGroupGloo`` builds its devices with gloo's TCP
+    transport (``createDefaultDevice`` in ``torch/csrc/distributed/c10d/
+    ProcessGroupGloo.cpp``) and has no shared-memory or peer-to-peer path, so the
+    processes are isolated hosts to the model, with TCP's per-hop latency.
+    """
     rate = intra_rate(interconnect, 0.0, None)
-    return NodeLinks(interconnect, rate, "tcp", gbps, gbps, 1, math.inf, NCCL_DEFAULT_SOCKETS)
+    return NodeLinks(
+        interconnect, rate, "tcp", gbps, gbps, 1, math.inf, NCCL_DEFAULT_SOCKETS,
+        isolated_gpus=gloo,
+    )  # fmt: skip
 
 
 def default_links(intra_node_link: str, network_gbps: float) -> NodeLinks:

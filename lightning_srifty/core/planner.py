@@ -1315,12 +1315,14 @@ def on_shared_cores(
     the profile did not have a whole core, the profile's share split the way the machine
     splits it now (``alone_share`` over the run's). The middle factor is their geometric
     mean and the interval spans both, so a machine whose load moved between the profile
-    and the run says so with a wider interval.
+    and the run says so with a wider interval. Data-parallel processes wait for each
+    other at every all-reduce, so the run goes at its slowest process's pace: the share
+    that counts is the smallest one measured, not their mean.
     """
     if not run_shares or alone_share <= 0.0:
         return pred
     profile_share = min(max(profile_share, 0.02), 1.0)
-    now = min(max(sum(run_shares) / len(run_shares), 0.02), 1.0)
+    now = min(max(min(run_shares), 0.02), 1.0)
     factors = [profile_share / now]
     if profile_share < WHOLE_CORE_SHARE:  # a whole core says nothing of others' load
         factors.append(max(min(alone_share, 1.0) / now, 1.0))

@@ -330,6 +330,11 @@ class NetworkRate:
     """The effective network rate per node the model uses (links and efficiency)."""
     algorithm_gbps: float
     """The gradient's size over the all-reduce time (S/T)."""
+    bus_gbps: float
+    """NCCL-tests' bus bandwidth, ``S/T x 2(p-1)/p`` for ``p`` GPUs: what each GPU's
+    (and, on two nodes, each node's network) link carries per second in a ring
+    all-reduce, the figure nccl-tests compares with the hardware's peak whatever the
+    rank count (``doc/PERFORMANCE.md``)."""
     floor_gbps: float
     """30 % of ``min(NIC, 5 Gbps, one TCP flow's cap)``: what one flow reaches anywhere."""
 
@@ -359,11 +364,14 @@ def two_node_network_rates(
         pred = model.predict(profile, cluster)
         cap = offer.node_links.flow_cap_gbps
         cap = cap if math.isfinite(cap) else AWS_FLOW_CAP_GBPS
+        algorithm = grad_bytes * 8 / pred.allreduce_s / 1e9
+        ranks = 2 * offer.accelerator_count
         out.append(
             NetworkRate(
                 offer.instance_type,
                 per_node_gbps=pred.inter_bytes_s * 8 / 1e9,
-                algorithm_gbps=grad_bytes * 8 / pred.allreduce_s / 1e9,
+                algorithm_gbps=algorithm,
+                bus_gbps=algorithm * 2 * (ranks - 1) / ranks,
                 floor_gbps=0.3 * min(offer.network_gbps, AWS_FLOW_CAP_GBPS, cap),
             )
         )

@@ -80,7 +80,7 @@ LOCAL_POLICY_EVERY_S = 2.0
 MANAGED_TOP_K = 30
 """Plans ranked for ``--backend sky-jobs``, from which the same-shape ones are ordered."""
 LOOPBACK_GBPS = 40.0
-"""Nominal bandwidth of gloo over loopback, for predicting local runs."""
+"""Nominal bandwidth of TCP over loopback, for predicting local runs."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,9 @@ def local_cluster(profile: Profile, topology: LocalTopology) -> Cluster:
         spot_price=None,
         intra_node_link="PCIe" if topology.procs_per_node > 1 else "none",
         network_gbps=LOOPBACK_GBPS,
-        links=loopback_links("PCIe" if topology.procs_per_node > 1 else "none", LOOPBACK_GBPS),
+        links=loopback_links(
+            "PCIe" if topology.procs_per_node > 1 else "none", LOOPBACK_GBPS, gloo=True
+        ),
     )
     return Cluster((ClusterGroup(offer, topology.nodes, topology.procs_per_node),))
 

@@ -564,6 +564,10 @@ def test_local_processes_on_shared_cores_slow_by_the_share_they_lose() -> None:
     assert moved.low_s == pytest.approx(pred.low_s / 3)
     assert moved.high_s == pytest.approx(pred.high_s)
     assert moved.low_s < moved.step_s < pred.step_s
+    # Synchronous data parallelism waits for the slowest process at every step: one
+    # process on a third of a core makes the step three times the profile's.
+    straggler = on_shared_cores(pred, 1.0, 1.0, [1.0, 1 / 3])
+    assert straggler.step_s == pytest.approx(3 * pred.step_s)
     assert on_shared_cores(pred, 0.7, 0.7, []) == pred  # nothing measured: the model
 
 

@@ -36,7 +36,7 @@ from lightning_srifty.core.spot import make_policy
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.launch.controller import Controller
 from lightning_srifty.launch.launcher import local_cluster
-from lightning_srifty.launch.local_backend import LocalBackend
+from lightning_srifty.launch.local_backend import LocalBackend, LocalTopology
 from lightning_srifty.launch.migration import REPLANNED, Candidates, PolicyDecider, plan_key
 from lightning_srifty.launch.profiling import run_profile
 from lightning_srifty.launch.refine import Refiner
@@ -265,3 +265,16 @@ def test_local_run_with_a_slowdown_on_shared_nodes_migrates_and_finishes(
     logged = [json.loads(line) for line in (run_dir / "migrations.jsonl").read_text().splitlines()]
     assert logged and logged[0]["reason"].startswith(REPLANNED)
     assert refiner.last is not None and refiner.last.measured_step_s > 0.15  # the sleep
+
+
+def test_local_processes_all_reduce_over_tcp_sockets_as_gloo_does() -> None:
+    # gloo has no shared-memory path: two processes of one machine talk over TCP, so
+    # each message pays the TCP hop latency on both hops of a two-process ring.
+    cal = load_default_calibration()
+    model = PerformanceModel({}, cal)
+    profile = _profile("T4", 0.01)
+    two = predict_per_step(model, profile, local_cluster(profile, LocalTopology(1, 2)))
+    one = predict_per_step(model, profile, local_cluster(profile, LocalTopology(1, 1)))
+    assert local_cluster(profile, LocalTopology(1, 2)).groups[0].offer.links.isolated_gpus
+    assert two.allreduce_s >= 2 * cal.physics.tcp_latency_s > 0.0
+    assert one.allreduce_s == 0.0

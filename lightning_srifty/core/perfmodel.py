@@ -81,6 +81,18 @@ KERNEL_LAUNCH_S = 5e-6
 """Least time a GPU step spends per kernel it launches: PyTorch's eager launches cost
 5-20 us each on the CPU side (HolisticTraceAnalysis docs, "CUDA kernel launch stats"),
 so a step of many tiny layers cannot run faster than its launches however fast the GPU."""
+CROSS_GPU_SPREAD = 0.30
+"""Log-normal spread (sigma) of device time carried to another GPU type by the compute
+ratio. From the ratio's leave-pair-out error on Lambda's public benchmark
+(``benchmarks/bench_gpu_scaling.py``: 22.7 % median absolute error over the fp32 pairs,
+19.3 % fp16; sigma = ln(1.227)/0.6745), not from the traces the choice is judged on."""
+HOST_TRANSFER_SPREAD = math.log(2.0) / 1.2816
+"""Log-normal spread of host time (the fixed per-step part a faster GPU does not
+shorten) on another GPU type's host: a prior of a factor of two either way at the 10 and
+90 % ends. Another GPU type is another instance family on AWS, so another host CPU,
+core count per GPU and often software stack, none of which the hardware facts we have
+for a target (``hardware.json``, the catalog) describe well enough to scale by; the
+traces' own fixed costs are never used to set it."""
 BACKWARD_SHARE = 2.0 / 3.0
 """Backward is about twice the forward FLOPs; used when a profile has no phase split."""
 
@@ -468,10 +480,13 @@ class PerformanceModel:
         curve = fit_compute_curve(profile)
 
         ratio = np.full((n, width), np.nan)
+        transferred = np.zeros((n, width), dtype=bool)
         accelerators = _distinct(np.asarray(cand.accelerator), present)
         for name, mask in accelerators:
             r = self.compute_ratio(profile, name)
             ratio[mask] = np.nan if r is None else r
+            if name != profile.environment.accelerator:
+                transferred |= mask
         known = ~np.isnan(ratio) | ~present
         if job is not None and job.accelerator and job.compute_scale != 1.0:
             measured_on = (np.asarray(cand.accelerator) == job.accelerator) | (
@@ -524,6 +539,9 @@ class PerformanceModel:
         )
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle
+        transfer_sigma = self._transfer_sigma(
+            group_compute, colocation * device_part, transferred & present & known
+        )
 
         cols = cand.link_columns()
         intra_each = intra_node_bytes_s(
@@ -606,6 +624,13 @@ class PerformanceModel:
             extra = self.calibration.unseen_widening
             low_log = np.where(unseen, -np.hypot(low_log, spread) - extra, low_log)
             high_log = np.where(unseen, np.hypot(high_log, spread) + extra, high_log)
+        # compute carried to another GPU type: its share of the step is only as sure as
+        # the transfer (in quadrature with the rest)
+        carried = (
+            _Z90 * transfer_sigma * np.minimum(compute / np.maximum(physics_step, _LOG_FLOOR), 1.0)
+        )
+        low_log = np.where(carried > 0, -np.hypot(low_log, carried), low_log)
+        high_log = np.where(carried > 0, np.hypot(high_log, carried), high_log)
         memory = np.where(present, static + per_sample * b_int, 0.0) / GIB
         return {
             "step": step,
@@ -624,6 +649,25 @@ class PerformanceModel:
             "intra_bw": intra_bw,
             "inter_bw": np.where(total_nodes > 1, inter_bw, np.inf),
         }
+
+    @staticmethod
+    def _transfer_sigma(
+        group_compute: np.ndarray, device_s: np.ndarray, transferred: np.ndarray
+    ) -> np.ndarray:
+        """Per candidate, the log spread of the slowest transferred group's compute.
+
+        A group on the profiled GPU type runs what the profile measured. On another
+        type its device time comes through the compute ratio (:data:`CROSS_GPU_SPREAD`)
+        and its host time is kept from a host it never ran on
+        (:data:`HOST_TRANSFER_SPREAD`); the two are independent, so their spreads add
+        in quadrature, each weighted by its share of the group's compute: a host-bound
+        step is as unsure as its host, a GPU-bound one as its compute ratio.
+        """
+        total = np.maximum(group_compute, _LOG_FLOOR)
+        device = np.minimum(np.maximum(device_s, 0.0), total)
+        host = total - device
+        sigma = np.hypot(device * CROSS_GPU_SPREAD, host * HOST_TRANSFER_SPREAD) / total
+        return _row_max(np.where(transferred, sigma, 0.0))
 
     def _unseen(
         self,

@@ -510,14 +510,59 @@ def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:
     seen = model.predict(PROFILE, one_group(2, 1))
     assert math.log(seen.high_s / seen.step_s) == pytest.approx(0.1)
     assert math.log(seen.step_s / seen.low_s) == pytest.approx(0.1)
+    # the T4 profile's compute carried to the V100 is unsure on its own (tested below);
+    # read that part off a calibration with no hardware widening
+    plain = PerformanceModel(SPECS, Calibration(PHYS, residual_low=-0.1, residual_high=0.1))
+
+    def carried(cluster: Cluster) -> float:
+        width = math.log(
+            plain.predict(PROFILE, cluster).high_s / plain.predict(PROFILE, cluster).step_s
+        )
+        return math.sqrt(width**2 - 0.1**2)
+
     unseen = model.predict(PROFILE, one_group(2, 1, offer("V100", 4)))
     # a whole new kind of hardware may sit off (in quadrature), plus the conformal margin
     wide = math.hypot(0.1, 1.2816 * 0.2) + 0.05
-    assert math.log(unseen.high_s / unseen.step_s) == pytest.approx(wide)
-    assert math.log(unseen.step_s / unseen.low_s) == pytest.approx(wide)
+    transfer = carried(one_group(2, 1, offer("V100", 4)))
+    assert transfer > 0.1
+    assert math.log(unseen.high_s / unseen.step_s) == pytest.approx(math.hypot(wide, transfer))
+    assert math.log(unseen.step_s / unseen.low_s) == pytest.approx(math.hypot(wide, transfer))
     # one GPU: no synchronisation, nothing the calibration's hardware could change
     alone = model.predict(PROFILE, one_group(1, 1, offer("V100", 4)))
-    assert math.log(alone.high_s / alone.step_s) == pytest.approx(0.1)
+    transfer = carried(one_group(1, 1, offer("V100", 4)))
+    assert math.log(alone.high_s / alone.step_s) == pytest.approx(math.hypot(0.1, transfer))
+
+
+def _width(prediction: object) -> tuple[float, float]:
+    high = math.log(prediction.high_s / prediction.step_s)  # type: ignore[attr-defined]
+    low = math.log(prediction.step_s / prediction.low_s)  # type: ignore[attr-defined]
+    return low, high
+
+
+def test_compute_carried_to_another_gpu_type_is_as_unsure_as_its_device_and_host_parts() -> None:
+    """The interval of a one-GPU step on another GPU type: device time through the
+    compute ratio (sigma 0.30, from Lambda's leave-pair-out error), host time kept from a
+    host it never ran on (a factor of two at the 10/90 % ends). On the profiled type the
+    profile's own measurement stands, with no widening."""
+    exact = Calibration(PHYS, residual_low=0.0, residual_high=0.0)
+    model = PerformanceModel(SPECS, exact)
+    gpu_bound = coarse({16: 0.16, 32: 0.32})  # no fixed part: all device time
+    host_bound = coarse({16: 0.05, 32: 0.05})  # no per-sample part: all host time
+    for profile in (gpu_bound, host_bound):
+        home = model.predict(profile, one_group(1, 1))
+        assert home.low_s == pytest.approx(home.step_s)
+        assert home.high_s == pytest.approx(home.step_s)
+    device = _width(model.predict(gpu_bound, one_group(1, 1, offer("V100", 4))))
+    assert device == pytest.approx((1.2816 * 0.30, 1.2816 * 0.30), rel=1e-3)
+    host = model.predict(host_bound, one_group(1, 1, offer("V100", 4)))
+    assert host.step_s == pytest.approx(0.05)  # kept as measured
+    assert _width(host) == pytest.approx((math.log(2.0), math.log(2.0)), rel=1e-3)
+    # half and half: the two independent parts add in quadrature, by their shares
+    mixed = coarse({16: 0.10, 32: 0.15})  # 0.05 s fixed + 0.05 s per 16 samples on the T4
+    pred = model.predict(mixed, one_group(1, 1, offer("V100", 4)))
+    device_s = pred.step_s - 0.05
+    sigma = math.hypot(device_s * 0.30, 0.05 * math.log(2.0) / 1.2816) / pred.step_s
+    assert _width(pred) == pytest.approx((1.2816 * sigma, 1.2816 * sigma), rel=1e-3)
 
 
 def test_a_probed_instance_types_own_terms_apply_to_clusters_of_it_alone() -> None:

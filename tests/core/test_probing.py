@@ -6,9 +6,19 @@ import dataclasses
 
 import pytest
 
-from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.calibration import Calibration, PhysicsConstants
+from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
+from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.core.probing import decide_probes, interval_value
+from lightning_srifty.core.profile import (
+    BatchPoint,
+    Environment,
+    Memory,
+    Profile,
+    Spread,
+    StepTimes,
+)
 
 
 def _plan(itype: str, cost: float, spread: float, hourly: float = 2.0) -> Plan:
@@ -120,3 +130,45 @@ def test_link_evidence_reads_a_rings_rate_and_latency_from_its_timings() -> None
     assert link_evidence(model, PROFILE, cluster, timings[:1]) is None  # one size: no slope
     solo = Cluster((ClusterGroup(o, 1, 1),))
     assert link_evidence(model, PROFILE, solo, timings) is None  # one process: no ring
+
+
+def test_a_t4_profile_probes_another_gpu_type_but_not_another_t4_at_the_same_premium() -> None:
+    """The model's intervals carry what a profile cannot show: a V100 predicted 45 %
+    dearer than the T4 the job was profiled on may still turn out cheaper (its compute
+    came through the compute ratio), so it is a contender; a second T4 type at the same
+    premium runs what the profile measured, so it is not."""
+    specs = {
+        "T4": GpuSpec("T4", 8.1, 8.1, 65.0, 320.0, 16.0),
+        "V100": GpuSpec("V100", 15.7, 15.7, 125.0, 900.0, 16.0),
+    }
+    profile = Profile(
+        kind="coarse",
+        environment=Environment("NVIDIA T4", "T4", 1, 1, 1, "32-true", 16, "", ""),
+        steps=StepTimes(Spread(0.2, 0.2, 0.2, 10), 0, 0, 0, 0, 0, 10),
+        grad_bytes=100 * 1024**2,
+        flops_per_step=0.0,
+        memory=Memory(0, 0, 0, 0, 0, "unknown"),
+        batch_points=(BatchPoint(16, 0.2, 0.2), BatchPoint(32, 0.4, 0.4)),
+    )
+    model = PerformanceModel(specs, Calibration(physics=PhysicsConstants()))
+    steps = 100_000
+
+    def plan(itype: str, acc: str, premium: float) -> Plan:
+        offer = Offer(itype, acc, 1, 16.0, 8.0, 61.0, "us-east-1", "use1-az1", 1.0, None,
+                      "none", 10.0)  # fmt: skip
+        cluster = Cluster((ClusterGroup(offer, 1, 1),))
+        pred = model.predict(profile, cluster)
+        base = model.predict(profile, Cluster((ClusterGroup(home, 1, 1),))).step_s
+        hourly = premium * base / pred.step_s  # the same predicted cost x premium
+        hours = steps * pred.step_s / 3600.0
+        return Plan(cluster, False, pred.step_s, pred.low_s, pred.high_s, 16, steps, hours,
+                    hours * hourly, hourly)  # fmt: skip
+
+    home = Offer("g4dn.xlarge", "T4", 1, 16.0, 4.0, 16.0, "us-east-1", "use1-az1", 1.0, None,
+                 "none", 25.0)  # fmt: skip
+    best = plan("g4dn.xlarge", "T4", 1.0)
+    for other, acc, probed in (("p3.2xlarge", "V100", True), ("g4dn.2xlarge", "T4", False)):
+        rival = plan(other, acc, 1.45)
+        assert rival.cost_usd == pytest.approx(1.45 * best.cost_usd)
+        decision = decide_probes([best, rival], objective="cost", hardware=_kind, startup_s=60.0)
+        assert (rival in decision.plans) is probed, other

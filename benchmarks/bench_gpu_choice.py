@@ -54,7 +54,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -126,26 +126,47 @@ def replay(
     rank = rank or predict
     kinds = list(sets)
     out: dict[str, list[float]] = {"none": [], "median": []}
-    for job in jobs:
-        measured = {k: one_gpu_steps(sets[k], job) for k in kinds}
-        batches = sorted(set.intersection(*(set(m) for m in measured.values())))
-        for batch in batches:
-            true = {k: measured[k][batch] for k in kinds}
-            guess = {k: predict(k, job, batch) for k in kinds}
-            ranked = {k: rank(k, job, batch) for k in kinds}
-            for rule in out:
-                deadline = math.inf if rule == "none" else float(np.median(list(true.values())))
-                ok = [k for k in kinds if guess[k] <= deadline]
-                pick = (
-                    min(ok, key=lambda k: ranked[k] * prices[k])
-                    if ok
-                    else min(kinds, key=lambda k: guess[k])
-                )
-                feasible = [k for k in kinds if true[k] <= deadline]
-                best = min(feasible, key=lambda k: true[k] * prices[k])
-                regret = true[pick] * prices[pick] / (true[best] * prices[best]) - 1.0
-                out[rule].append(regret if true[pick] <= deadline else math.inf)
+    for job, batch, true in scenarios(sets, jobs):
+        guess = {k: predict(k, job, batch) for k in kinds}
+        ranked = {k: rank(k, job, batch) for k in kinds}
+        for rule in out:
+            deadline = _deadline(rule, true)
+            ok = [k for k in kinds if guess[k] <= deadline]
+            pick = (
+                min(ok, key=lambda k: ranked[k] * prices[k])
+                if ok
+                else min(kinds, key=lambda k: guess[k])
+            )
+            out[rule].append(regret_of(pick, true, prices, deadline))
     return out
+
+
+def scenarios(
+    sets: dict[str, TraceSet], jobs: list[str]
+) -> Iterator[tuple[str, int, dict[str, float]]]:
+    """(job, per-process batch, measured one-GPU step per kind) for every batch each
+    kind measured the job at."""
+    for job in jobs:
+        measured = {k: one_gpu_steps(traces, job) for k, traces in sets.items()}
+        for batch in sorted(set.intersection(*(set(m) for m in measured.values()))):
+            yield job, batch, {k: steps[batch] for k, steps in measured.items()}
+
+
+def _deadline(rule: str, true: dict[str, float]) -> float:
+    """No deadline, or the median measured step across the kinds."""
+    return math.inf if rule == "none" else float(np.median(list(true.values())))
+
+
+def regret_of(
+    pick: str, true: dict[str, float], prices: dict[str, float], deadline: float
+) -> float:
+    """How much dearer ``pick`` is than the cheapest kind meeting ``deadline`` as measured
+    (``inf`` when the pick misses it)."""
+    feasible = [k for k in true if true[k] <= deadline]
+    best = min(feasible, key=lambda k: true[k] * prices[k])
+    if true[pick] > deadline:
+        return math.inf
+    return true[pick] * prices[pick] / (true[best] * prices[best]) - 1.0
 
 
 Interval = Callable[[str, str, int], tuple[float, float, float]]
@@ -171,37 +192,30 @@ def replay_probing(
     kinds = list(sets)
     out: dict[str, list[float]] = {"none": [], "median": []}
     probes: dict[str, list[int]] = {"none": [], "median": []}
-    for job in jobs:
-        measured = {k: one_gpu_steps(sets[k], job) for k in kinds}
-        batches = sorted(set.intersection(*(set(m) for m in measured.values())))
-        for batch in batches:
-            true = {k: measured[k][batch] for k in kinds}
-            guess = {k: predict(k, job, batch) for k in kinds}
-            for rule in out:
-                deadline = math.inf if rule == "none" else float(np.median(list(true.values())))
+    for job, batch, true in scenarios(sets, jobs):
+        guess = {k: predict(k, job, batch) for k in kinds}
+        for rule in out:
+            deadline = _deadline(rule, true)
 
-                def choose(step: dict[str, float], limit: float = deadline) -> str:
-                    ok = [k for k in kinds if step[k] <= limit]
-                    if not ok:
-                        return min(kinds, key=lambda k: step[k])
-                    return min(ok, key=lambda k: step[k] * prices[k])
+            def choose(step: dict[str, float], limit: float = deadline) -> str:
+                ok = [k for k in kinds if step[k] <= limit]
+                if not ok:
+                    return min(kinds, key=lambda k: step[k])
+                return min(ok, key=lambda k: step[k] * prices[k])
 
-                mid = {k: g[0] for k, g in guess.items()}
-                pick = choose(mid)
-                worst = guess[pick][2] * prices[pick]
-                contenders = [
-                    k
-                    for k in kinds
-                    if k != pick and guess[k][1] * prices[k] < worst and guess[k][1] <= deadline
-                ]
-                probed = {k for k in (pick, *contenders) if k != source} if contenders else set()
-                if probed:
-                    pick = choose({k: true[k] if k in probed else mid[k] for k in kinds})
-                probes[rule].append(len(probed))
-                feasible = [k for k in kinds if true[k] <= deadline]
-                best = min(feasible, key=lambda k: true[k] * prices[k])
-                regret = true[pick] * prices[pick] / (true[best] * prices[best]) - 1.0
-                out[rule].append(regret if true[pick] <= deadline else math.inf)
+            mid = {k: g[0] for k, g in guess.items()}
+            pick = choose(mid)
+            worst = guess[pick][2] * prices[pick]
+            contenders = [
+                k
+                for k in kinds
+                if k != pick and guess[k][1] * prices[k] < worst and guess[k][1] <= deadline
+            ]
+            probed = {k for k in (pick, *contenders) if k != source} if contenders else set()
+            if probed:
+                pick = choose({k: true[k] if k in probed else mid[k] for k in kinds})
+            probes[rule].append(len(probed))
+            out[rule].append(regret_of(pick, true, prices, deadline))
     return out, probes
 
 

@@ -223,6 +223,7 @@ def load_planning_inputs(
 def local_cluster(profile: Profile, topology: LocalTopology) -> Cluster:
     """The processes a local run really uses, as a cluster the model can predict."""
     env = profile.environment
+    link = "PCIe" if topology.procs_per_node > 1 else "none"
     offer = Offer(
         instance_type="local",
         accelerator=env.accelerator,
@@ -234,11 +235,9 @@ def local_cluster(profile: Profile, topology: LocalTopology) -> Cluster:
         zone="local",
         ondemand_price=0.0,
         spot_price=None,
-        intra_node_link="PCIe" if topology.procs_per_node > 1 else "none",
+        intra_node_link=link,
         network_gbps=LOOPBACK_GBPS,
-        links=loopback_links(
-            "PCIe" if topology.procs_per_node > 1 else "none", LOOPBACK_GBPS, gloo=True
-        ),
+        links=loopback_links(link, LOOPBACK_GBPS, gloo=True),
     )
     return Cluster((ClusterGroup(offer, topology.nodes, topology.procs_per_node),))
 

@@ -1332,7 +1332,12 @@ PLAN_SCHEMA_VERSION = 1
 
 
 def plan_to_dict(plan_: Plan) -> dict[str, Any]:
-    """JSON-ready description of one plan (groups with region and zone ids)."""
+    """JSON-ready description of one plan (groups with region and zone ids).
+
+    ``step_s`` is the median step with its 10-90 % ends; ``time_to_target_h`` and
+    ``cost_usd`` are expectations at ``step_mean_s`` (the log-normal of spread
+    ``step_sigma``), what the plans are ranked by.
+    """
     return {
         "label": plan_.label,
         "cluster": plan_.cluster.describe(),
@@ -1352,6 +1357,8 @@ def plan_to_dict(plan_: Plan) -> dict[str, Any]:
         "step_s": plan_.step_s,
         "step_low_s": plan_.step_low_s,
         "step_high_s": plan_.step_high_s,
+        "step_mean_s": plan_.step_mean_s,
+        "step_sigma": plan_.step_sigma,
         "per_process_batch": plan_.per_process_batch,
         "global_batch": plan_.global_batch,
         "steps_to_target": plan_.steps_to_target,

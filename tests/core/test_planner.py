@@ -642,7 +642,8 @@ def test_on_demand_deadline_odds_count_the_step_spread_as_sampled(deadline: floa
 @pytest.mark.parametrize(
     ("work", "rate", "sigma", "deadline"),
     [(10.0, 0.2, 0.1, 11.5), (10.0, 0.05, 0.3, 12.0), (5.0, 0.5, 0.2, 6.0),
-     (10.0, 0.02, 0.25, 10.5), (20.0, 1.0, 0.15, 26.0), (3.0, 0.1, 0.02, 3.3)],
+     (10.0, 0.02, 0.25, 10.5), (20.0, 1.0, 0.15, 26.0), (3.0, 0.1, 0.02, 3.3),
+     (10.0, 1e-4, 0.2, 11.0), (0.5, 0.002, 0.4, 0.6)],
 )  # fmt: skip
 def test_spot_deadline_odds_with_an_uncertain_step_match_sampling(
     work: float, rate: float, sigma: float, deadline: float

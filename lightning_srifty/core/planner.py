@@ -761,7 +761,9 @@ def per_batch(pred: Prediction, batches_per_update: int) -> Prediction:
 def estimate_step_seconds(
     model: PerformanceModel, profile: Profile, offer: Offer, nodes: int
 ) -> float:
-    """Predicted seconds per step of ``nodes`` × ``offer`` under the planner's batch rules.
+    """Expected seconds per step of ``nodes`` × ``offer`` under the planner's batch rules:
+    the mean of the step's log-normal, what the planner prices, so that SkyPilot's
+    optimizer ranks by the same expected time and cost.
 
     For SkyPilot's ``Task.set_time_estimator`` hook; infinite when the model does not
     fit or the accelerator is unknown, so SkyPilot's optimizer never picks it.
@@ -770,7 +772,8 @@ def estimate_step_seconds(
     out = _predict(model, profile, cand, batch_semantics(profile))
     if not bool(out.fits[0]):
         return math.inf
-    return float(out.step_s[0])
+    spread = step_sigma(out.step_s[0], out.low_s[0], out.high_s[0])
+    return float(out.step_s[0] * mean_factor(spread))
 
 
 def target_steps_at_base(profile: Profile, request: PlanRequest) -> int:
@@ -1163,7 +1166,10 @@ def _baselines(table: _Table, units: _Units, request: PlanRequest, objective: st
         idx = np.flatnonzero(single_od)
         cheapest = idx[np.lexsort((table.step[idx], table.hourly[idx]))[0]]
         out.append(_plan(table, units, int(cheapest), "cheapest $/h that fits (SkyPilot default)"))
-        fastest = idx[np.lexsort((table.hourly[idx], table.step[idx]))[0]]
+        mean_step = table.step[idx] * mean_factor(
+            step_sigma(table.step[idx], table.low[idx], table.high[idx])
+        )
+        fastest = idx[np.lexsort((table.hourly[idx], mean_step))[0]]
         out.append(_plan(table, units, int(fastest), "fastest single node"))
     on_demand = _meets(table, request) & ~table.spot
     if on_demand.any():

@@ -320,10 +320,15 @@ def uncertain_deadline_probability(
     tau = np.broadcast_to(np.asarray(interval_h, dtype=np.float64), t0.shape)
     sig = np.broadcast_to(np.asarray(sigma, dtype=np.float64), t0.shape)
     chosen = np.ones(t0.shape, bool) if exact is None else np.asarray(exact, dtype=bool)
-    out = deadline_probability(deadline_h - t0, mean_k, tau, restart_h, exact=chosen)
     spread = sig > 0
     if not spread.any():
-        return out
+        return deadline_probability(deadline_h - t0, mean_k, tau, restart_h, exact=chosen)
+    rows = np.flatnonzero(spread & chosen & (mean_k > 0))
+    rows = rows[np.isfinite(t0[rows])]
+    # the step is integrated out of these below: no Poisson mixture at the median
+    mixture = chosen.copy()
+    mixture[rows] = False
+    out = deadline_probability(deadline_h - t0, mean_k, tau, restart_h, exact=mixture)
     calm = np.flatnonzero(spread & (mean_k == 0))
     calm = calm[np.isfinite(t0[calm])]
     if calm.size:
@@ -331,8 +336,6 @@ def uncertain_deadline_probability(
             z = np.log(max(deadline_h, 0.0) / t0[calm]) / sig[calm]
         near = np.flatnonzero(z < _Z_CAP)  # the others are 1 already (T0 <= D)
         out[calm[near]] = _normal_cdf(z[near])
-    rows = np.flatnonzero(spread & chosen & (mean_k > 0))
-    rows = rows[np.isfinite(t0[rows])]
     if rows.size == 0:
         return out
     if deadline_h <= 0:

@@ -5,10 +5,14 @@ The same six jobs are measured on one GPU of three kinds here (``pollux-traces``
 ``sia-traces/dgx-ext``: A100, ``sia-traces/quad``: Quadro RTX 6000). A user profiles
 on a T4 and may rent one GPU of any kind. For every job and every per-process batch
 measured on all three (the script's batch is kept, as the launcher keeps it), the
-performance model predicts each kind's step from the T4's one-GPU rows alone (the
-coarse profile ``srifty validate`` uses), and picks the kind with the lowest predicted
-cost per step among those predicted to meet the deadline (the fastest predicted when
-none is). The pick is then judged on the measured steps:
+performance model predicts each kind's step, with its 10-90 % interval, from the T4's
+one-GPU rows alone (the coarse profile ``srifty validate`` uses), and chooses as
+``srifty plan`` does (``core/planner.py``): the step is log-normal (median and
+interval), a kind meets the deadline when its expected step does and
+``P(step <= deadline) >= 0.9`` (the default ``--confidence``; on-demand, so the closed
+form of ``uncertain_deadline_probability``), and the pick is the kind with the lowest
+expected cost per step (at the mean step, ``step·exp(sigma²/2)``) among those; the
+fastest expected when none is. The pick is then judged on the measured steps:
 
 * **within 5 %**: the pick meets the deadline as measured and costs at most 5 % more
   than the cheapest kind that measurably meets it;
@@ -26,22 +30,25 @@ least one kind is too slow). Prices, per GPU-hour:
   mean over the six jobs' one-GPU rows), so no kind wins by price alone: only the
   per-job prediction decides (the hardest case).
 
-Five predictors: ``model`` (from the T4 profile), ``model mean`` (the same, each kind's
-cost ranked at the mean of its interval's log-normal, ``step·exp(sigma²/2)``, what a
-planner minimising expected cost would use; feasibility is still judged on the median
-step, so a deadline is met half the time as before), ``probed`` (the same model with
-each kind's own one-GPU measurement at one batch, the middle one all measured, as a
-probe gives it; other batches still predicted), ``model+probe`` (the model, comparing
-the alternatives with their 10-90 % intervals as ``core.probing`` does: where another
-kind's optimistic cost beats the pick's pessimistic cost, the pick and those contenders
-are probed at the scenario's own batch, the shape the plan would run, and the choice is
-made again on what the probes measured; the share of scenarios that probed is printed),
-and ``oracle`` (the measurements; scores 100 % by construction, printed as the check of
-the judging code). The T4 is the profiled hardware: it is never probed.
+Predictors: ``model`` (from the T4 profile, the planner's rule above: the product's
+decision), ``model 0.5`` (the same at ``--confidence 0.5``: expected cost, the deadline
+met by the expected step), ``model median`` (the rule before the planner counted the
+interval: cost and deadline at the median step, i.e. ``P >= 0.5`` ranked at the
+median), ``probed`` (the same model with each kind's own one-GPU measurement at one
+batch, the middle one all measured, as a probe gives it; other batches still
+predicted; the planner's rule), ``model+probe`` (the model, comparing the alternatives
+with their 10-90 % intervals as ``core.probing`` does: where another kind's optimistic
+cost beats the pick's pessimistic cost, the pick and those contenders are probed at the
+scenario's own batch, the shape the plan would run, and the choice is made again by the
+planner's rule, a probed kind's step being its measurement; the share of scenarios that
+probed is printed), and ``oracle`` (the measurements; scores 100 % by construction,
+printed as the check of the judging code). The T4 is the profiled hardware: it is never
+probed.
 
 Before the choices, the share of measured steps on the A100 and the Quadro RTX 6000
 inside the model's 10-90 % interval (predicted from the T4) is printed: the intervals
-decide when to probe, so they should hold about 80 % of the rows.
+decide when to probe and how much a plan's expected cost and deadline odds move, so
+they should hold about 80 % of the rows.
 
 The kept-aside V100 and RTX 2080 Ti sets are judged outside the project; this replay
 uses only the three kinds in ``../shared/data``.
@@ -60,7 +67,9 @@ from pathlib import Path
 import numpy as np
 
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
+from lightning_srifty.core.lognormal import mean_factor, step_sigma
 from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.planner import uncertain_deadline_probability
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
 from lightning_srifty.io.traces import TraceSet, coarse_profile, load_traces
@@ -69,11 +78,41 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data"
 SOURCE = "pollux-traces"
 KINDS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
 WITHIN = 0.05
-Z90 = 1.2816
-"""Standard-normal 90th percentile: a 10-90 % interval is +-1.28 sigma."""
+CONFIDENCE = 0.9
+"""``srifty plan``'s default ``--confidence``."""
 
-Predictor = Callable[[str, str, int], float]
-"""(kind, job, batch) -> one-GPU step in seconds."""
+Interval = Callable[[str, str, int], tuple[float, float, float]]
+"""(kind, job, batch) -> predicted one-GPU step, its 10 % and 90 % ends (seconds)."""
+Rule = Callable[[dict[str, tuple[float, float, float]], dict[str, float], float], str]
+"""(prediction per kind, prices, deadline) -> the kind chosen."""
+
+
+def planner_rule(confidence: float = CONFIDENCE, at_mean: bool = True) -> Rule:
+    """How ``srifty plan`` chooses among one-GPU on-demand kinds: expected cost (the
+    log-normal mean step) among the kinds whose expected step meets the deadline with
+    ``P(step <= deadline) >= confidence``; the fastest expected when none does.
+    ``at_mean=False`` with ``confidence=0.5`` is the rule before the planner counted
+    the interval (median cost, median step within the deadline)."""
+
+    def choose(guess: dict[str, tuple[float, float, float]], prices: dict[str, float],
+               deadline: float) -> str:  # fmt: skip
+        kinds = list(guess)
+        step = np.array([guess[k][0] for k in kinds])
+        low, high = (np.array([guess[k][i] for k in kinds]) for i in (1, 2))
+        sigma = step_sigma(step, low, high)
+        value = step * mean_factor(sigma) if at_mean else step
+        if math.isfinite(deadline):
+            odds = uncertain_deadline_probability(
+                deadline, step, np.zeros(step.size), np.full(step.size, np.inf), 0.0, sigma
+            )
+        else:
+            odds = np.ones(step.size)
+        ok = [i for i in range(len(kinds)) if odds[i] >= confidence and value[i] <= deadline]
+        if not ok:
+            return kinds[int(np.argmin(value))]
+        return kinds[min(ok, key=lambda i: value[i] * prices[kinds[i]])]
+
+    return choose
 
 
 def one_gpu_steps(traces: TraceSet, job: str) -> dict[int, float]:
@@ -117,27 +156,19 @@ def replay(
     sets: dict[str, TraceSet],
     jobs: list[str],
     prices: dict[str, float],
-    predict: Predictor,
-    rank: Predictor | None = None,
+    predict: Interval,
+    rule: Rule,
 ) -> dict[str, list[float]]:
     """Per deadline rule: each scenario's regret (``inf`` when the pick misses the
-    deadline as measured). ``rank`` (default ``predict``) is the step the costs are
-    compared at; ``predict``'s decides the deadline."""
-    rank = rank or predict
+    deadline as measured), the kind chosen by ``rule`` on ``predict``'s intervals."""
     kinds = list(sets)
     out: dict[str, list[float]] = {"none": [], "median": []}
     for job, batch, true in scenarios(sets, jobs):
         guess = {k: predict(k, job, batch) for k in kinds}
-        ranked = {k: rank(k, job, batch) for k in kinds}
-        for rule in out:
-            deadline = _deadline(rule, true)
-            ok = [k for k in kinds if guess[k] <= deadline]
-            pick = (
-                min(ok, key=lambda k: ranked[k] * prices[k])
-                if ok
-                else min(kinds, key=lambda k: guess[k])
-            )
-            out[rule].append(regret_of(pick, true, prices, deadline))
+        for deadline_rule in out:
+            deadline = _deadline(deadline_rule, true)
+            pick = rule(guess, prices, deadline)
+            out[deadline_rule].append(regret_of(pick, true, prices, deadline))
     return out
 
 
@@ -169,42 +200,32 @@ def regret_of(
     return true[pick] * prices[pick] / (true[best] * prices[best]) - 1.0
 
 
-Interval = Callable[[str, str, int], tuple[float, float, float]]
-"""(kind, job, batch) -> predicted one-GPU step, its 10 % and 90 % ends (seconds)."""
-
-
 def replay_probing(
     sets: dict[str, TraceSet],
     jobs: list[str],
     prices: dict[str, float],
     predict: Interval,
     source: str,
+    rule: Rule,
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """:func:`replay` for the model that probes where intervals overlap.
 
-    The pick is made on the predicted steps; every other kind whose optimistic cost
-    (its interval's low end) beats the pick's pessimistic cost (high end), and whose
-    optimistic step meets the deadline, is a contender. When there is one, the pick
-    and the contenders (``source`` aside: it is the profiled hardware) are measured at
-    the scenario's batch and the choice is made again. Returns the regrets per deadline
-    rule and the number of kinds probed per scenario.
+    The pick is made by ``rule`` on the predicted intervals; every other kind whose
+    optimistic cost (its interval's low end) beats the pick's pessimistic cost (high
+    end), and whose optimistic step meets the deadline, is a contender. When there is
+    one, the pick and the contenders (``source`` aside: it is the profiled hardware)
+    are measured at the scenario's batch and the choice is made again, a probed kind's
+    step being its measurement (no interval). Returns the regrets per deadline rule and
+    the number of kinds probed per scenario.
     """
     kinds = list(sets)
     out: dict[str, list[float]] = {"none": [], "median": []}
     probes: dict[str, list[int]] = {"none": [], "median": []}
     for job, batch, true in scenarios(sets, jobs):
         guess = {k: predict(k, job, batch) for k in kinds}
-        for rule in out:
-            deadline = _deadline(rule, true)
-
-            def choose(step: dict[str, float], limit: float = deadline) -> str:
-                ok = [k for k in kinds if step[k] <= limit]
-                if not ok:
-                    return min(kinds, key=lambda k: step[k])
-                return min(ok, key=lambda k: step[k] * prices[k])
-
-            mid = {k: g[0] for k, g in guess.items()}
-            pick = choose(mid)
+        for deadline_rule in out:
+            deadline = _deadline(deadline_rule, true)
+            pick = rule(guess, prices, deadline)
             worst = guess[pick][2] * prices[pick]
             contenders = [
                 k
@@ -213,9 +234,10 @@ def replay_probing(
             ]
             probed = {k for k in (pick, *contenders) if k != source} if contenders else set()
             if probed:
-                pick = choose({k: true[k] if k in probed else mid[k] for k in kinds})
-            probes[rule].append(len(probed))
-            out[rule].append(regret_of(pick, true, prices, deadline))
+                seen = {k: (true[k],) * 3 if k in probed else guess[k] for k in kinds}
+                pick = rule(seen, prices, deadline)
+            probes[deadline_rule].append(len(probed))
+            out[deadline_rule].append(regret_of(pick, true, prices, deadline))
     return out, probes
 
 
@@ -271,14 +293,6 @@ def main() -> int:
         p = model.predict(t4_profiles[job], clusters[kind], local_batch=batch)
         return p.step_s, p.low_s, p.high_s
 
-    def from_t4(kind: str, job: str, batch: int) -> float:
-        return with_interval(kind, job, batch)[0]
-
-    def mean_from_t4(kind: str, job: str, batch: int) -> float:
-        step, low, high = with_interval(kind, job, batch)
-        sigma = (math.log(high / step) + math.log(step / low)) / (2.0 * Z90)
-        return step * math.exp(0.5 * sigma**2)
-
     probed_profiles = {}
     for kind, traces in sets.items():
         for job in jobs:
@@ -287,12 +301,13 @@ def main() -> int:
             rows = [r for r in traces.single_gpu_rows(job) if r.local_bsz == middle]
             probed_profiles[kind, job] = coarse_profile(traces.models[job], rows, traces.hardware)
 
-    def probed(kind: str, job: str, batch: int) -> float:
-        profile = probed_profiles[kind, job]
-        return model.predict(profile, clusters[kind], local_batch=batch).step_s
+    def probed(kind: str, job: str, batch: int) -> tuple[float, float, float]:
+        p = model.predict(probed_profiles[kind, job], clusters[kind], local_batch=batch)
+        return p.step_s, p.low_s, p.high_s
 
-    def oracle(kind: str, job: str, batch: int) -> float:
-        return one_gpu_steps(sets[kind], job)[batch]
+    def oracle(kind: str, job: str, batch: int) -> tuple[float, float, float]:
+        measured = one_gpu_steps(sets[kind], job)[batch]
+        return measured, measured, measured
 
     held = coverage(sets, jobs, with_interval, SOURCE)
     cells = ", ".join(f"{sets[k].hardware.gpu} {100 * v:.0f} %" for k, v in held.items())
@@ -303,18 +318,23 @@ def main() -> int:
         print(f"prices '{name}' per GPU-hour (relative for throughput): {cells}")
     print(f"\n{'prices':<11}{'deadline':<9}{'predictor':<12}{'picks':>6}"
           f"{'within 5 %':>12}{'wrong type':>12}{'missed':>8}{'mean regret':>13}")  # fmt: skip
+    planner = planner_rule()
+    predictors: list[tuple[str, Interval, Rule]] = [
+        ("model", with_interval, planner),
+        ("model 0.5", with_interval, planner_rule(0.5)),
+        ("model median", with_interval, planner_rule(0.5, at_mean=False)),
+        ("probed", probed, planner),
+        ("oracle", oracle, planner),
+    ]
     for name, prices in schemes.items():
-        for label, predict in (("model", from_t4), ("probed", probed), ("oracle", oracle)):
-            for rule, regrets in replay(sets, jobs, prices, predict).items():
-                print(_row(name, rule, label, np.asarray(regrets)))
-            if label == "model":
-                for rule, regrets in replay(sets, jobs, prices, from_t4, mean_from_t4).items():
-                    print(_row(name, rule, "model mean", np.asarray(regrets)))
-        results, probes = replay_probing(sets, jobs, prices, with_interval, SOURCE)
-        for rule, regrets in results.items():
-            n = np.asarray(probes[rule])
+        for label, predict, rule in predictors:
+            for deadline_rule, regrets in replay(sets, jobs, prices, predict, rule).items():
+                print(_row(name, deadline_rule, label, np.asarray(regrets)))
+        results, probes = replay_probing(sets, jobs, prices, with_interval, SOURCE, planner)
+        for deadline_rule, regrets in results.items():
+            n = np.asarray(probes[deadline_rule])
             extra = f"   probed {100 * np.mean(n > 0):.0f} % of picks, {np.mean(n):.2f} kinds each"
-            print(_row(name, rule, "model+probe", np.asarray(regrets), extra))
+            print(_row(name, deadline_rule, "model+probe", np.asarray(regrets), extra))
     print("\ntarget (issue 17, judged on five kinds): >= 80 % within 5 %, wrong type <= 15 %")
     return 0
 

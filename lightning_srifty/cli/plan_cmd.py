@@ -192,13 +192,26 @@ def _title(request: PlanRequest) -> str:
     return title
 
 
+EXPECTATION_NOTE = (
+    "step: median and interval; time and cost: expected, at the interval's mean step, "
+    "preemptions included"
+)
+"""What the figures of a plan are (the planner ranks by expected cost, not the median's)."""
+
+
+def _expectation_note(request: PlanRequest) -> str:
+    if request.deadline_h is None:
+        return EXPECTATION_NOTE
+    return EXPECTATION_NOTE + "; P(deadline) counts both"
+
+
 def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> list[str]:
     """The plans and baselines as plain lines for logs, CI and pipes.
 
     A table squeezed into 80 columns cuts every cell ("clust…", "$5.6…"); here each plan
     takes two lines that fit, what it is and what it costs, and nothing is cut.
     """
-    lines = [_title(request)]
+    lines = [_title(request), *textwrap.wrap(f"({_expectation_note(request)})", width=width)]
     for rank, p in enumerate(result.plans, 1):
         where = ", ".join(sorted({f"{g.offer.region} {g.offer.zone}" for g in p.cluster.groups}))
         market = "spot" if p.use_spot else "on-demand"
@@ -262,8 +275,8 @@ def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -
     table = Table(title=title)
     for name, justify in (
         ("#", "right"), ("cluster", "left"), ("market", "left"), ("region/zone", "left"),
-        ("GPUs", "right"), ("batch/GPU x GPUs", "right"), ("step time", "right"),
-        ("time to target", "right"),
+        ("GPUs", "right"), ("batch/GPU x GPUs", "right"), ("median step ±", "right"),
+        ("expected time to target", "right"),
         ("expected cost", "right"), ("$/h", "right"), ("P(deadline)", "right"),
     ):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -284,9 +297,10 @@ def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -
             f"{p.deadline_probability:.0%}" if request.deadline_h is not None else "—",
         )
     console.print(table)
+    console.print(_expectation_note(request))
     best = result.best
     base_table = Table(title="baselines (gain of plan #1 over each)")
-    for name in ("baseline", "cluster", "time to target", "cost", "plan #1: money", "time"):
+    for name in ("baseline", "cluster", "expected time", "expected cost", "plan #1: money", "time"):
         base_table.add_column(name)
     for b in result.baselines:
         base_table.add_row(

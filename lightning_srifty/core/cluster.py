@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.lognormal import mean_factor, step_sigma
 
 
 @dataclass(frozen=True)
@@ -80,17 +81,20 @@ class Plan:
     cluster: Cluster
     use_spot: bool
     step_s: float
-    """Seconds per step: one batch of the training loop on every process."""
+    """Median seconds per step: one batch of the training loop on every process."""
     step_low_s: float
+    """10 % end of the step's interval."""
     step_high_s: float
+    """90 % end of the step's interval."""
     global_batch: int
     """Samples per step across the cluster (the per-process batch times the GPUs)."""
     steps_to_target: int
     """Steps on this cluster to the target (the same samples on any cluster)."""
     time_to_target_h: float
-    """Expected wall time including preemption overheads for spot plans."""
+    """Expected wall time: at the mean step (:attr:`step_mean_s`), with the preemption
+    overheads of spot plans."""
     cost_usd: float
-    """Expected cost including lost work and restarts for spot plans."""
+    """Expected cost: at the mean step, with lost work and restarts for spot plans."""
     hourly_usd: float
     deadline_probability: float = 1.0
     checkpoint_interval_s: float | None = None
@@ -98,3 +102,14 @@ class Plan:
     label: str = ""
     per_process_batch: int = 0
     """Samples per step on each process: the script's own batch (0: not recorded)."""
+
+    @property
+    def step_sigma(self) -> float:
+        """Log-normal sigma of the step, from its 10-90 % interval (0 when it has none)."""
+        return float(step_sigma(self.step_s, self.step_low_s, self.step_high_s))
+
+    @property
+    def step_mean_s(self) -> float:
+        """Mean seconds per step, ``step_s·exp(sigma²/2)``: what the expected time and
+        cost are priced at (a wide interval costs more on average than a narrow one)."""
+        return self.step_s * float(mean_factor(self.step_sigma))

@@ -69,12 +69,16 @@ class ProbeDecision:
 
 
 def interval_value(plan: Plan, objective: str, end: str) -> float:
-    """The plan's objective at one end of its step-time interval (``low``/``mid``/``high``).
+    """The plan's objective at one end of its step-time interval (``low``/``high``), or
+    its expectation (``mid``).
 
-    Time and cost both scale with the step time: the work is a number of steps.
+    Time and cost both scale with the step time (the work is a number of steps), and
+    the plan's figures are expectations at its mean step (:attr:`Plan.step_mean_s`), so
+    an end's value is the expectation times the end over the mean step.
     """
-    step = {"low": plan.step_low_s, "mid": plan.step_s, "high": plan.step_high_s}[end]
-    scale = step / plan.step_s if plan.step_s > 0 else 1.0
+    mean = plan.step_mean_s
+    step = {"low": plan.step_low_s, "mid": mean, "high": plan.step_high_s}[end]
+    scale = step / mean if mean > 0 else 1.0
     base = plan.time_to_target_h if objective == "time" else plan.cost_usd
     return base * scale
 

@@ -126,8 +126,9 @@ class Refiner:
         moving_s = startup_s + self.checkpoint_s
 
         def pessimistic(p: Plan) -> tuple[float, float]:
-            """(hours, dollars) of ``p`` at the slow end of its interval, moving included."""
-            slow = max(p.step_high_s / max(p.step_s, 1e-12), 1.0)
+            """(hours, dollars) of ``p`` at the slow end of its interval, moving included
+            (the plan's figures are expectations at its mean step)."""
+            slow = max(p.step_high_s / max(p.step_mean_s, 1e-12), 1.0)
             moving_usd = moving_s / 3600.0 * p.hourly_usd
             return p.time_to_target_h * slow + moving_s / 3600.0, p.cost_usd * slow + moving_usd
 

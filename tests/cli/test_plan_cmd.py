@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,21 @@ def test_json_is_versioned_and_ranked(
     times = [p["time_to_target_h"] for p in doc["plans"]]
     assert times == sorted(times)
     assert {b["label"] for b in doc["baselines"]} >= {"fastest single node"}
+
+
+def test_time_and_cost_are_said_to_be_expectations_at_the_mean_step(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--profile", str(profile_path), "--target-steps", "20000", "--deadline", "2h"]
+    assert run_plan([*argv, "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "expected" in text and "median" in text and "P(deadline) counts both" in text
+    assert run_plan([*argv, "--top", "3", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    for p in plans:
+        sigma = math.log(p["step_high_s"] / p["step_low_s"]) / (2 * 1.2816)
+        assert p["step_sigma"] == pytest.approx(sigma)
+        assert p["step_mean_s"] == pytest.approx(p["step_s"] * math.exp(sigma**2 / 2))
 
 
 def test_plot_writes_a_png(profile_path: Path, tmp_path: Path) -> None:

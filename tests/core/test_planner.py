@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.catalog import GpuSpec, Offer, band_hourly_rate
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import ConfigError, InfeasibleError, PredictionError
@@ -154,17 +155,19 @@ def oracle(
             continue
         assert request.target_steps is not None
         steps = math.ceil(request.target_steps * profiled_world / cluster.world_size)
+        # The step is log-normal: time and cost at its mean, the odds over its spread.
+        sigma = math.log(pred.high_s / pred.low_s) / (2 * 1.2816)
         work_h = steps * pred.step_s / 3600
         rate = sum(g.nodes * band_hourly_rate(g.offer.interruption_band) for g in cluster.groups)
-        out = spot_expectations(
-            np.array([work_h]), np.array([rate if spot else 0.0]), ckpt_h,
-            request.restart_delay_h, request.deadline_h,
-        )  # fmt: skip
+        args = (np.array([rate if spot else 0.0]), ckpt_h, request.restart_delay_h,
+                request.deadline_h)  # fmt: skip
+        mean = spot_expectations(np.array([work_h * math.exp(sigma**2 / 2)]), *args)
+        odds = spot_expectations(np.array([work_h]), *args, sigma=np.array([sigma]))
         hourly = cluster.hourly_price(spot)
         assert hourly is not None
         rows.append((
-            hourly * float(out.billed_h[0]), float(out.time_h[0]),
-            float(out.deadline_probability[0]), cluster.describe(), spot,
+            hourly * float(mean.billed_h[0]), float(mean.time_h[0]),
+            float(odds.deadline_probability[0]), cluster.describe(), spot,
         ))  # fmt: skip
     return rows
 
@@ -264,17 +267,21 @@ def test_baselines_are_the_cheapest_hourly_and_fastest_single_node() -> None:
     assert cheapest.hourly_usd == min(o.ondemand_price or 0 for o in singles)
     assert cheapest.cluster.nodes == 1 and not cheapest.use_spot
     fastest = result.baselines[1]
+    # fastest by the expected step (the mean of its log-normal), as the plans are timed
     step_of = {o.instance_type: estimate_step_seconds(MODEL, profile, o, 1) for o in singles}
-    assert fastest.step_s == pytest.approx(min(step_of.values()))
+    assert fastest.step_mean_s == pytest.approx(min(step_of.values()))
     on_demand = result.baselines[2]
     assert not on_demand.use_spot and on_demand.cost_usd >= result.best.cost_usd
 
 
-def test_estimate_step_seconds_matches_the_model_and_is_inf_when_it_cannot_run() -> None:
+def test_estimate_step_seconds_is_the_models_mean_step_and_inf_when_it_cannot_run() -> None:
     profile = make_profile()
     o = small_catalog()[2]
     cluster = Cluster((ClusterGroup(o, 2, 4),))
-    expected = MODEL.predict(profile, cluster, local_batch=32).step_s
+    pred = MODEL.predict(profile, cluster, local_batch=32)
+    # the mean of the step's log-normal: what the planner prices the plan at
+    sigma = math.log(pred.high_s / pred.low_s) / (2 * 1.2816)
+    expected = pred.step_s * math.exp(sigma**2 / 2)
     assert estimate_step_seconds(MODEL, profile, o, 2) == pytest.approx(expected)
     # More GPUs than the profile's batch has samples: every GPU still runs 32.
     assert math.isfinite(estimate_step_seconds(MODEL, profile, o, 16))
@@ -583,3 +590,134 @@ def test_profile_core_share_reads_what_the_callback_wrote(
 ) -> None:
     profile = make_profile(**({"host": host} if host is not None else {}))
     assert profile_core_share(profile) == (None if share is None else pytest.approx(share))
+
+
+# ------------------------------------------------------- step-time uncertainty
+
+
+def test_a_wide_interval_costs_more_on_average_at_the_same_median() -> None:
+    """Time and cost are expectations over the step's log-normal: its mean, sampled."""
+    work, sigmas = 4.0, np.array([0.05, 0.4])
+    out = spot_expectations(np.full(2, work), np.array([0.0, 0.3]), 0.01, 0.1, None, sigma=sigmas)
+    flat = spot_expectations(np.full(2, work), np.array([0.0, 0.3]), 0.01, 0.1, None)
+    z = np.random.default_rng(3).standard_normal(400_000)
+    for i, sigma in enumerate(sigmas):
+        sampled = float(np.mean(np.exp(sigma * z)))  # mean step over the median
+        assert float(out.time_h[i]) == pytest.approx(float(flat.time_h[i]) * sampled, rel=5e-3)
+        assert float(out.billed_h[i]) == pytest.approx(float(flat.billed_h[i]) * sampled, rel=5e-3)
+
+
+def test_the_narrow_interval_is_ranked_cheaper_at_the_same_median_cost() -> None:
+    """A T4 (the profiled GPU, narrow interval) and an A10G (compute carried from the T4,
+    wide) priced so that their median costs tie: the planner ranks the T4 first, by the
+    ratio of the two log-normal means."""
+    profile = make_profile()
+    t4 = offer("g4dn.xlarge", "T4", 1, 16, "us-east-1", "use1-az1", 0.526, None)
+    predict = {
+        o.accelerator: MODEL.predict(profile, Cluster((ClusterGroup(o, 1, 1),)), local_batch=32)
+        for o in (t4, replace(t4, instance_type="g5.xlarge", accelerator="A10G"))
+    }
+    price = 0.526 * predict["T4"].step_s / predict["A10G"].step_s
+    a10g = offer("g5.xlarge", "A10G", 1, 24, "us-east-1", "use1-az2", price, None)
+    request = PlanRequest(target_steps=20_000, max_nodes=1, mixes=False, allow_spot=False)
+    plans = plan(profile, [a10g, t4], MODEL, request).plans
+    assert [p.cluster.groups[0].offer.accelerator for p in plans] == ["T4", "A10G"]
+    sigma = {p.cluster.groups[0].offer.accelerator: math.log(p.step_high_s / p.step_low_s)
+             / (2 * 1.2816) for p in plans}  # fmt: skip
+    assert sigma["A10G"] > 2 * sigma["T4"] > 0
+    ratio = math.exp((sigma["A10G"] ** 2 - sigma["T4"] ** 2) / 2)
+    assert plans[1].cost_usd / plans[0].cost_usd == pytest.approx(ratio, rel=1e-6)
+    assert plans[1].step_mean_s / plans[1].step_s == pytest.approx(
+        math.exp(sigma["A10G"] ** 2 / 2), rel=1e-9
+    )
+
+
+@pytest.mark.parametrize("deadline", [6.0, 8.0, 9.0, 12.0])
+def test_on_demand_deadline_odds_count_the_step_spread_as_sampled(deadline: float) -> None:
+    work, sigma = 8.0, 0.3
+    steps = work * np.exp(sigma * np.random.default_rng(5).standard_normal(200_000))
+    sampled = float(np.mean(steps <= deadline))
+    out = spot_expectations(
+        np.array([work]), np.array([0.0]), 0.01, 0.1, deadline, sigma=np.array([sigma])
+    )
+    assert float(out.deadline_probability[0]) == pytest.approx(sampled, abs=0.005)
+
+
+@pytest.mark.parametrize(
+    ("work", "rate", "sigma", "deadline"),
+    [(10.0, 0.2, 0.1, 11.5), (10.0, 0.05, 0.3, 12.0), (5.0, 0.5, 0.2, 6.0),
+     (10.0, 0.02, 0.25, 10.5), (20.0, 1.0, 0.15, 26.0), (3.0, 0.1, 0.02, 3.3),
+     (10.0, 1e-4, 0.2, 11.0), (0.5, 0.002, 0.4, 0.6)],
+)  # fmt: skip
+def test_spot_deadline_odds_with_an_uncertain_step_match_sampling(
+    work: float, rate: float, sigma: float, deadline: float
+) -> None:
+    """Sampled: a log-normal step, then Poisson preemptions over the run it makes, each
+    costing the restart plus a uniform share of the Young/Daly interval."""
+    ckpt, restart = 0.05, 0.1
+    tau = math.sqrt(2 * ckpt / rate)
+    rng = np.random.default_rng(17)
+    run = work * (1 + ckpt / tau) * np.exp(sigma * rng.standard_normal(100_000))
+    k = rng.poisson(rate * run / (1 - rate * tau / 2))
+    lost = rng.uniform(0, tau, int(k.sum()))
+    delay = k * restart + np.bincount(np.repeat(np.arange(k.size), k), lost, k.size)
+    sampled = float(np.mean(run + delay <= deadline))
+    out = spot_expectations(
+        np.array([work]), np.array([rate]), ckpt, restart, deadline, sigma=np.array([sigma]),
+        exact=np.array([True]),
+    )  # fmt: skip
+    assert float(out.deadline_probability[0]) == pytest.approx(sampled, abs=0.015)
+
+
+def test_a_zero_width_interval_gives_exactly_the_median_figures() -> None:
+    rng = np.random.default_rng(2)
+    n = 400
+    work = rng.uniform(0.5, 20.0, n)
+    rate = np.where(rng.random(n) < 0.3, 0.0, rng.uniform(0.001, 1.0, n))
+    deadline = 12.0
+    old = spot_expectations(work, rate, 0.05, 0.1, deadline)
+    new = spot_expectations(work, rate, 0.05, 0.1, deadline, sigma=np.zeros(n))
+    for name in ("time_h", "billed_h", "preemptions", "deadline_probability"):
+        assert np.array_equal(getattr(new, name), getattr(old, name)), name
+    t0 = work * (1 + np.where(rate > 0, 0.05 / old.interval_h, 0.0))
+    delays_only = deadline_probability(
+        deadline - t0, old.preemptions, old.interval_h, 0.1, exact=old.time_h <= deadline
+    )
+    assert np.array_equal(new.deadline_probability, delays_only)
+    # and through the planner: a model with no interval prices the median step
+    flat = PerformanceModel(SPECS, Calibration(PhysicsConstants(), residual_low=0.0,
+                                               residual_high=0.0))  # fmt: skip
+    request = PlanRequest(target_steps=20_000, deadline_h=1.0, max_gpus=1, mixes=False,
+                          families=("g4dn",), min_deadline_probability=0.0)  # fmt: skip
+    profile = make_profile()
+    plans = plan(profile, small_catalog(), flat, request).plans
+    assert {p.use_spot for p in plans} == {True, False}
+    for p in plans:
+        assert p.step_low_s == p.step_s == p.step_high_s and p.step_mean_s == p.step_s
+        g = p.cluster.groups[0]
+        rate_p = band_hourly_rate(g.offer.interruption_band) if p.use_spot else 0.0
+        out = spot_expectations(np.array([20_000 * p.step_s / 3600]), np.array([rate_p]),
+                                default_checkpoint_s(profile) / 3600, request.restart_delay_h,
+                                1.0)  # fmt: skip
+        assert p.time_to_target_h == float(out.time_h[0])
+        assert p.cost_usd == p.hourly_usd * float(out.billed_h[0])
+        assert p.deadline_probability == float(out.deadline_probability[0])
+
+
+def test_a_deadline_refused_for_the_steps_own_uncertainty_names_confidence() -> None:
+    """On-demand only, a deadline just past the expected time: no preemption risk, but
+    the step's spread leaves well under 90 % odds; the refusal says so and how to fix."""
+    profile = make_profile()
+    on_demand = PlanRequest(target_steps=50_000, objective="time", allow_spot=False)
+    fastest = plan(profile, small_catalog(), MODEL, on_demand).best
+    deadline = fastest.time_to_target_h * 1.001
+    with pytest.raises(InfeasibleError) as err:
+        plan(profile, small_catalog(), MODEL, replace(on_demand, deadline_h=deadline))
+    text = str(err.value)
+    assert "--confidence" in text and "probability >= 90%" in text
+    odds = float(text.split("(best ")[1].split("%")[0]) / 100
+    sigma = math.log(fastest.step_high_s / fastest.step_low_s) / (2 * 1.2816)
+    median_h = fastest.time_to_target_h / math.exp(sigma**2 / 2)
+    z = np.random.default_rng(1).standard_normal(200_000)
+    sampled = float(np.mean(median_h * np.exp(sigma * z) <= deadline))
+    assert 0.5 < odds < 0.9 and odds == pytest.approx(sampled, abs=0.015)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -31,14 +32,24 @@ def _plan(itype: str, cost: float, spread: float, hourly: float = 2.0) -> Plan:
     )  # fmt: skip
 
 
+def _mean_over_median(spread: float) -> float:
+    """A plan's figures are expectations at its mean step: the log-normal mean over the
+    median for a step interval of ``(1 - spread, 1 + spread)`` times the median."""
+    sigma = math.log((1 + spread) / (1 - spread)) / (2 * 1.2816)
+    return math.exp(sigma**2 / 2)
+
+
 def _kind(p: Plan) -> str:
     return p.cluster.groups[0].offer.instance_type
 
 
 def test_interval_ends_scale_the_objective_with_the_step() -> None:
+    """The plan's cost is an expectation at its mean step; the ends scale from there
+    (a step of 0.08-0.12 s around 0.1 s: log-normal sigma ln(1.5)/2.563)."""
     p = _plan("a", 100.0, 0.2)
-    assert interval_value(p, "cost", "low") == pytest.approx(80.0)
-    assert interval_value(p, "cost", "high") == pytest.approx(120.0)
+    mean_over_median = _mean_over_median(0.2)
+    assert interval_value(p, "cost", "low") == pytest.approx(80.0 / mean_over_median)
+    assert interval_value(p, "cost", "high") == pytest.approx(120.0 / mean_over_median)
     assert interval_value(p, "time", "mid") == pytest.approx(p.time_to_target_h)
 
 
@@ -48,7 +59,7 @@ def test_overlapping_plans_on_other_hardware_are_probed_when_the_stake_is_larger
     decision = decide_probes(plans, objective="cost", hardware=_kind, startup_s=300.0)
     assert decision.run
     assert [_kind(p) for p in decision.plans] == ["a", "b"]  # one per hardware; c is out
-    assert decision.potential == pytest.approx(120.0 - 88.0)
+    assert decision.potential == pytest.approx((120.0 - 88.0) / _mean_over_median(0.2))
     assert decision.cost_usd == pytest.approx(2 * (300 + 10.0) / 3600 * 2.0)
 
 
@@ -82,7 +93,9 @@ def test_the_time_objective_weighs_hours() -> None:
     slow = dataclasses.replace(_plan("a", 1.0, 0.3), time_to_target_h=10.0)
     fast = dataclasses.replace(_plan("b", 3.0, 0.3), time_to_target_h=11.0)
     decision = decide_probes([slow, fast], objective="time", hardware=_kind, startup_s=60.0)
-    assert decision.run and decision.potential == pytest.approx(13.0 - 7.7)
+    assert decision.run and decision.potential == pytest.approx(
+        (13.0 - 7.7) / _mean_over_median(0.3)
+    )
 
 
 def test_plan_one_on_a_shape_the_profile_never_measured_is_checked_when_cheap() -> None:

@@ -597,10 +597,12 @@ class PerformanceModel:
         all_known = _row_all(known)
         step = np.where(all_known, step, np.inf)
 
-        # row scatter and the whole-job offset add in quadrature
-        shift = _Z90 * self.calibration.model_spread
-        low_log = np.full(n, -np.hypot(min(self.calibration.residual_low, 0.0), shift))
-        high_log = np.full(n, np.hypot(max(self.calibration.residual_high, 0.0), shift))
+        # row scatter and the whole-job offset add in quadrature; the offset is how far
+        # a job's scaling may sit off the fit, so one process, which scales nothing (its
+        # step is the profile's measured curve), does not take it
+        shift = np.where(world > 1, _Z90 * self.calibration.model_spread, 0.0)
+        low_log = -np.hypot(min(self.calibration.residual_low, 0.0), shift)
+        high_log = np.hypot(max(self.calibration.residual_high, 0.0), shift)
         correction = self.calibration.correction
         widen = self._unseen(accelerators, cols, present)
         if correction is not None:
@@ -613,8 +615,8 @@ class PerformanceModel:
                 mid, lo, hi = _evaluate_correction(correction, feats)
                 scale = np.ones(n)
                 scale[multi] = np.exp(mid)
-                low_log[multi] = -np.hypot(np.minimum(lo - mid, 0.0), shift)
-                high_log[multi] = np.hypot(np.maximum(hi - mid, 0.0), shift)
+                low_log[multi] = -np.hypot(np.minimum(lo - mid, 0.0), shift[multi])
+                high_log[multi] = np.hypot(np.maximum(hi - mid, 0.0), shift[multi])
                 step = step * scale
         if widen is not None:
             # a whole new kind of hardware may sit off the model (in quadrature), and

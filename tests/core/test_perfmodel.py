@@ -341,6 +341,18 @@ def test_correction_multiplies_multi_gpu_steps_only() -> None:
     assert c.high_s[1] == pytest.approx(b.step_s[1] * np.exp(np.hypot(np.log(1.5), widen)))
 
 
+def test_one_process_does_not_take_the_whole_job_scaling_offset() -> None:
+    """``model_spread`` is how far a new job's *scaling* may sit off the fit; one process
+    scales nothing (its step is the profile's own measured curve), so only the row
+    scatter is left, while two processes take both in quadrature."""
+    cal = Calibration(PHYS, residual_low=-0.05, residual_high=0.05, model_spread=0.3)
+    model = PerformanceModel(SPECS, cal)
+    alone, pair = (model.predict(PROFILE, one_group(1, g)) for g in (1, 2))
+    assert _width(alone) == pytest.approx((0.05, 0.05))
+    both = math.hypot(0.05, 1.2816 * 0.3)
+    assert _width(pair) == pytest.approx((both, both))
+
+
 def _detailed(bucket_bytes: int) -> Profile:
     layers = tuple(
         LayerTiming(f"l{i}", "b", "Linear", 0.01, 0.02, 1, bucket_bytes, 0.0, 0) for i in range(4)

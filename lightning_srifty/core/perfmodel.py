@@ -69,6 +69,7 @@ from lightning_srifty.core.links import (
     inter_node_bytes_s,
     intra_node_bytes_s,
 )
+from lightning_srifty.core.lognormal import Z90
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.trees import cell_codes
 
@@ -97,8 +98,6 @@ BACKWARD_SHARE = 2.0 / 3.0
 """Backward is about twice the forward FLOPs; used when a profile has no phase split."""
 
 _LOG_FLOOR = 1e-9
-_Z90 = 1.2816
-"""Standard-normal 90th percentile: the 10-90 % interval is +-1.28 sigma."""
 
 
 @dataclass(frozen=True)
@@ -600,7 +599,7 @@ class PerformanceModel:
         # row scatter and the whole-job offset add in quadrature; the offset is how far
         # a job's scaling may sit off the fit, so one process, which scales nothing (its
         # step is the profile's measured curve), does not take it
-        shift = np.where(world > 1, _Z90 * self.calibration.model_spread, 0.0)
+        shift = np.where(world > 1, Z90 * self.calibration.model_spread, 0.0)
         low_log = -np.hypot(min(self.calibration.residual_low, 0.0), shift)
         high_log = np.hypot(max(self.calibration.residual_high, 0.0), shift)
         correction = self.calibration.correction
@@ -622,14 +621,14 @@ class PerformanceModel:
             # a whole new kind of hardware may sit off the model (in quadrature), and
             # leaving hardware out showed how much further rows still fall (added)
             unseen = widen & (world > 1)
-            spread = _Z90 * self.calibration.hardware_spread
+            spread = Z90 * self.calibration.hardware_spread
             extra = self.calibration.unseen_widening
             low_log = np.where(unseen, -np.hypot(low_log, spread) - extra, low_log)
             high_log = np.where(unseen, np.hypot(high_log, spread) + extra, high_log)
         # compute carried to another GPU type: its share of the step is only as sure as
         # the transfer (in quadrature with the rest)
         carried = (
-            _Z90 * transfer_sigma * np.minimum(compute / np.maximum(physics_step, _LOG_FLOOR), 1.0)
+            Z90 * transfer_sigma * np.minimum(compute / np.maximum(physics_step, _LOG_FLOOR), 1.0)
         )
         low_log = np.where(carried > 0, -np.hypot(low_log, carried), low_log)
         high_log = np.where(carried > 0, np.hypot(high_log, carried), high_log)

@@ -939,14 +939,6 @@ def evaluate(
             parts.append(getattr(out_m, name)[mix_row])
         return np.concatenate(parts)
 
-    def spread_of(out: StepTimeArrays) -> np.ndarray:
-        return step_sigma(out.step_s, out.low_s, out.high_s)
-
-    # The step's log-normal spread, per model row and then broadcast like the columns.
-    sigma = np.concatenate(
-        [spread_of(out_h)[hom_row]] + ([spread_of(out_m)[mix_row]] if out_m is not None else [])
-    )
-
     unit_a = np.concatenate([hom_unit, mix_unit_a])
     unit_b = np.concatenate([np.full(hom_unit.size, -1), mix_unit_b])
     nodes_a = np.concatenate([hom_nodes, mix_na])
@@ -957,6 +949,7 @@ def evaluate(
         has_b, nodes_b * gpn[units.type_index[safe_b]], 0
     )
     step, low, high = col("step_s"), col("low_s"), col("high_s")
+    sigma = step_sigma(step, low, high)  # the step's log-normal spread
     global_batch = col("global_batch")
     ok = col("fits") & np.isfinite(step) & (step > 0)
     if request.max_gpus is not None:

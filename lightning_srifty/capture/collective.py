@@ -6,19 +6,26 @@ does: every process all-reduces buffers of a few sizes through the job's own pro
 group (NCCL on GPUs, gloo on CPUs) and rank zero reports how long each took. Small
 buffers show the per-message latency, large ones the bandwidth. It runs once, at the
 start of a probe, and takes well under a second on any link a plan would use.
+
+Each size keeps its fastest repeat, not the median: on a shared or loaded host every
+interruption (a time slice lost to another process, a page fault) only adds time, so
+the fastest all-reduce is the one closest to the link's own cost. With the median of
+three, a 2-core machine under load timed 64 KiB slower than 4 MiB now and then, and the
+line through the timings came out with a negative slope (no rate at all).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
-COLLECTIVE_SIZES = (1 << 16, 1 << 20, 1 << 22)
-"""Bytes per all-reduce (64 KiB, 1 MiB, 4 MiB): latency-bound to bandwidth-bound."""
-COLLECTIVE_REPEATS = 3
-"""Timed all-reduces per size, after one untimed warm-up; the median is kept."""
+COLLECTIVE_SIZES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
+"""Bytes per all-reduce (64 KiB to 16 MiB): latency-bound to bandwidth-bound. 16 MiB
+takes about 13 ms on a 10 Gbps ring of two, long enough that a few milliseconds of
+scheduling noise cannot hide the time per byte."""
+COLLECTIVE_REPEATS = 5
+"""Timed all-reduces per size, after one untimed warm-up; the fastest is kept."""
 
 
 def measure_allreduce(
@@ -51,5 +58,5 @@ def measure_allreduce(
             dist.all_reduce(buffer)
             wait()
             times.append(time.perf_counter() - start)
-        out.append((int(buffer.numel() * 4), float(statistics.median(times))))
+        out.append((int(buffer.numel() * 4), float(min(times))))
     return tuple(out)

@@ -316,21 +316,39 @@ class LocalBackend:
     @staticmethod
     def failure_detail(handle: object) -> str:
         """Why the job failed, in one line: the reason the callback left before stopping
-        a misconfigured job, else the last exception line of the script's own output."""
+        a misconfigured job, else the last exception line of the script's own output
+        (a rank's, which torchrun prefixes with ``[rankN]:``), else how each worker ended
+        (exit code or signal) as torchrun summarised it, else each node's exit code."""
         job = _as_job(handle)
         try:
             return (job.state_dir / proto.FAILURE_MARKER).read_text("utf-8").splitlines()[0]
         except (OSError, IndexError):
             pass
         found = ""
+        workers: list[str] = []
         for log in job.logs:
             if not log.exists():
                 continue
+            rank = ""
             for line in log.read_text(errors="replace").splitlines():
-                match = _EXCEPTION_LINE.match(line)
+                text = _RANK_PREFIX.sub("", line).strip()
+                match = _EXCEPTION_LINE.match(text)
                 if match and "ChildFailedError" not in match.group(1):
-                    found = line.strip()
-        return found
+                    found = text
+                if summary := _SUMMARY_RANK.match(text):
+                    rank = summary.group(1)
+                elif (summary := _SUMMARY_EXIT.match(text)) and rank:
+                    workers.append(_how_it_ended(f"rank {rank}", int(summary.group(1))))
+                    rank = ""
+        if found:
+            return found
+        if workers:
+            return "; ".join(workers)
+        return "; ".join(
+            _how_it_ended(f"node {node}", code)
+            for node, code in enumerate(job.exit_codes or [])
+            if code not in (0, None)
+        )
 
     @staticmethod
     def log_tail(handle: object, lines: int = 30) -> str:
@@ -346,6 +364,23 @@ class LocalBackend:
 
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): \S")
 """A traceback's last line (``ValueError: ...``); torchrun's own summary is skipped."""
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
+"""What torchrun puts before each line a worker writes to stderr."""
+
+
+_SUMMARY_RANK = re.compile(r"^rank\s*:\s*(\d+)")
+_SUMMARY_EXIT = re.compile(r"^exitcode\s*:\s*(-?\d+)")
+"""torchrun's summary of a failed worker (``rank : 1 (local_rank: 0)``, ``exitcode : 3``)."""
+
+
+def _how_it_ended(who: str, code: int) -> str:
+    """``rank 1 exited with code 3`` or ``node 0 was killed by SIGKILL``."""
+    if code >= 0:
+        return f"{who} exited with code {code}"
+    try:
+        return f"{who} was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"{who} was killed by signal {-code}"
 
 
 def _as_job(handle: object) -> LocalJob:

@@ -22,6 +22,17 @@ def only_run(root: Path) -> Path:
     return runs[0]
 
 
+def attempt_logs(root: Path, lines: int = 40) -> str:
+    """The last lines of every attempt's node logs under ``root/srifty_runs``: what a
+    failed end-to-end run's assertion message shows (CI keeps no run folders)."""
+    out = []
+    found = (root / "srifty_runs").glob("*/attempt-*/node-*.log")
+    for log in sorted(found, key=lambda p: (int(p.parent.name.split("-")[1]), p.name)):
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"--- {log.parent.name}/{log.name} ---\n" + "\n".join(text))
+    return "\n".join(out[-4:])
+
+
 def skypilot_executor(task: Any, cluster_name: str) -> Any:
     """SkyPilot's own managed-job recovery executor for ``task``
     (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``, as its controller builds it)."""

@@ -151,3 +151,40 @@ def test_cpu_share_now_measures_one_share_per_process() -> None:
     assert cpu_share_now(1, span_s=0.1, python="/nonexistent/python") == []
     alone, each = LocalBackend("unused", python=sys.executable).core_shares(LocalTopology(1, 2))
     assert 0.0 < alone <= 1.05 and len(each) == 2
+
+
+RAISES_ON_RANK_ONE = textwrap.dedent(
+    """
+    import os, time
+    if os.environ["RANK"] == "1":
+        raise ValueError("the data shard of rank 1 is empty")
+    time.sleep(30)  # torchrun ends the survivors when one worker fails
+    """
+)
+
+EXITS_WITHOUT_A_WORD = textwrap.dedent(
+    """
+    import os, sys
+    print("loaded the dataset", flush=True)
+    os._exit(3)
+    """
+)
+
+
+def test_a_failed_job_names_the_exception_a_rank_raised(tmp_path: Path) -> None:
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES_ON_RANK_ONE)
+    backend = LocalBackend(tmp_path / "run")
+    job = backend.launch(LaunchSpec(str(script), (), plan(1, 2)))
+    assert backend.wait(job, timeout_s=120) is JobState.FAILED, backend.log_tail(job)
+    assert backend.failure_detail(job) == "ValueError: the data shard of rank 1 is empty"
+
+
+def test_a_failed_job_with_no_exception_says_how_each_node_ended(tmp_path: Path) -> None:
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS_WITHOUT_A_WORD)
+    backend = LocalBackend(tmp_path / "run")
+    job = backend.launch(LaunchSpec(str(script), (), plan(2, 1)))
+    assert backend.wait(job, timeout_s=120) is JobState.FAILED, backend.log_tail(job)
+    # each worker's own exit code, from torchrun's summary (its agents exit with 1)
+    assert backend.failure_detail(job) == "rank 0 exited with code 3; rank 1 exited with code 3"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lightning_srifty.cli import launch_cmd
-from tests.launch.e2e import events, only_run
+from tests.launch.e2e import attempt_logs, events, only_run
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def test_every_preemption_resumes_at_the_step_the_job_reached(
          "g4dn.12xlarge:1", "--preempt-every", "4s", *BASE]
     )  # fmt: skip
     out, err = capfd.readouterr()
-    assert code == 0, err[-3000:]
+    assert code == 0, err[-2000:] + "\n" + attempt_logs(in_tmp)
     run = only_run(in_tmp)
     moves = [json.loads(line) for line in (run / "migrations.jsonl").read_text().splitlines()]
     assert len(moves) >= 2

@@ -641,20 +641,24 @@ class S3Store(CheckpointStore):
         """Fails within :data:`S3_CHECK_DEADLINE_S` with one line when S3 is unusable.
 
         Short timeouts and two attempts bound a hung endpoint (one that accepts the
-        connection and never answers) to about 11 s; the HEAD runs in a worker thread
-        joined with a hard deadline so no stack of retries can take longer.
+        connection and never answers) to about 11 s; building the client and the HEAD
+        run in a worker thread joined with a hard deadline, so neither a stack of
+        retries nor a slow machine's botocore set-up can take longer.
         """
         from concurrent.futures import ThreadPoolExecutor
         from concurrent.futures import TimeoutError as FutureTimeout
 
-        client = self._client(
-            max_attempts=S3_CHECK_ATTEMPTS,
-            connect_timeout=S3_CHECK_CONNECT_TIMEOUT_S,
-            read_timeout=S3_CHECK_READ_TIMEOUT_S,
-        )
+        def head() -> Any:
+            client = self._client(
+                max_attempts=S3_CHECK_ATTEMPTS,
+                connect_timeout=S3_CHECK_CONNECT_TIMEOUT_S,
+                read_timeout=S3_CHECK_READ_TIMEOUT_S,
+            )
+            return self._call("check", lambda: client.head_bucket(Bucket=self.bucket))
+
         where = self.endpoint_url or "AWS S3"
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="srifty-s3-check")
-        future = pool.submit(self._call, "check", lambda: client.head_bucket(Bucket=self.bucket))
+        future = pool.submit(head)
         try:
             future.result(timeout=S3_CHECK_DEADLINE_S)
         except FutureTimeout:

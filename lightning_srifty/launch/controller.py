@@ -486,6 +486,9 @@ class Controller:
         env[proto.ENV_TARGET_STEPS] = str(start + max_steps)
         path = self.run_dir / f"probe-{index}.jsonl"
         if self.progress_is_local:
+            # A probe of the same number ran before (a resumed run probes again): its
+            # lines would read as this probe's steady step before this one has started.
+            path.unlink(missing_ok=True)
             env[proto.ENV_PROGRESS_PATH] = str(path)
         spec = LaunchSpec(
             script=self.script,

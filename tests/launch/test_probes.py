@@ -15,6 +15,7 @@ import pytest
 
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.catalog import Offer
+from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.links import loopback_links
 from lightning_srifty.core.monitor import Expectation
 from lightning_srifty.core.perfmodel import PerformanceModel
@@ -120,6 +121,12 @@ def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
     profile, run_dir = profiled
     for old in run_dir.glob("probe-*.json"):
         old.unlink()
+    # What probes of these numbers left in this folder before (the first test's, or a
+    # run probing again on --resume): steady 9 s steps, which no probe here measures.
+    stale = [ProgressEvent("resumed", 0.0, 13, 0.0, "", 2)]
+    stale += [ProgressEvent("step", float(i), 13 + i, 9.0, "", 2) for i in range(1, 11)]
+    for index in (1, 2, 3):
+        (run_dir / f"probe-{index}.jsonl").write_text("".join(e.to_line() + "\n" for e in stale))
     acc = profile.environment.accelerator
     spare = _offer("spare", 1, 60.0, acc)  # far dearer than the rest: never a contender
     offers = [_offer("duo", 2, 1.6, acc), _offer("solo", 1, 1.3, acc), spare]
@@ -141,6 +148,8 @@ def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
     duo = next(r for r in records if r.instance_type == "duo")
     assert duo.stand_in and duo.nodes * duo.procs_per_node == 2
     assert duo.measured_step_s is not None and duo.measured_step_s > duo.predicted_high_s
+    # measured by this probe's own run, not read from the leftover lines
+    assert duo.measured_step_s < 9.0 and duo.elapsed_s > duo.steps * 0.2  # it slept 0.2 s a step
     assert len({b for b, _ in duo.allreduce}) >= 2 and all(t > 0 for _, t in duo.allreduce)
     assert duo.measured_gbps is not None and duo.measured_gbps > 0
     assert duo.cost_usd == pytest.approx(duo.elapsed_s / 3600 * 1.6)

@@ -826,6 +826,12 @@ def _ran_on(p: Plan, backend: Backend) -> RanOn:
 
 PROBE_STARTUP_LOCAL_S = 10.0
 """Seconds from launch to a local probe's first step (torch import, gloo, restore)."""
+PROBE_HANG_LOCAL_S = 120.0
+"""Start-up a local probe is allowed before it counts as hung. Its expected start-up
+(:data:`PROBE_STARTUP_LOCAL_S`, which prices the probes) is this machine on a good day:
+several processes importing torch at once on two busy cores of a slower machine take
+over 30 s, and a probe cut off there wastes what it ran. A probe that works stops as
+soon as its steady step is measured, so the allowance costs nothing then."""
 
 
 def probe_and_replan(
@@ -936,7 +942,10 @@ def _run_probe(
     and writes its record."""
     from lightning_srifty.io.probe_io import save_probe_record
 
-    report = controller.probe(p, index, timeout_s=startup_s * 3 + probe_seconds(p.step_high_s) * 3)
+    allowed_startup_s = max(startup_s * 3, PROBE_HANG_LOCAL_S if local is not None else 0.0)
+    report = controller.probe(
+        p, index, timeout_s=allowed_startup_s + probe_seconds(p.step_high_s) * 3
+    )
     ran = _probe_ran(profile, p, local)
     before = predict_per_step(model, profile, ran)
     cost = report.elapsed_s / 3600.0 * p.hourly_usd

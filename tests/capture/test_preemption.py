@@ -23,7 +23,9 @@ from lightning_srifty.core.errors import MetadataUnavailableError
 from tests.fakes import FakeImds, serve_fake_imds, silent_endpoint
 
 
-def _wait_for(condition: object, timeout_s: float = 5.0) -> bool:
+def _wait_for(condition: object, timeout_s: float = 30.0) -> bool:
+    """Polls until ``condition`` holds; the timeout only bounds a hang (each wait here
+    is for something that happens, so a loaded machine only makes it come later)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():  # type: ignore[operator]

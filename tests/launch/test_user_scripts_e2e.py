@@ -96,7 +96,10 @@ def test_a_script_without_the_callback_is_stopped_at_once_in_one_line(
     code, _, err = launch([str(SCRIPTS / "no_callback.py"), "--target-steps", "10", *BASE], capfd)
     took = time.monotonic() - started
     assert code != 0
-    assert took < 60.0
+    # Stopped at fit, not after its 10,000 epochs (hours): the bound only tells those
+    # apart. 30 s measured here on one core shared with a busy loop; 60 s was too close
+    # for a CI machine 2.6x slower.
+    assert took < 300.0
     ours = [line for line in err.splitlines() if line.startswith("error: ")]
     assert len(ours) == 1 and "SriftyCallback" in ours[0]
     assert "Traceback" not in err

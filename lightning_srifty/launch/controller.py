@@ -186,7 +186,12 @@ class NextPlanner(Protocol):
 class PreemptionSource(Protocol):
     """Decides when to revoke the running job (injection on the local backend)."""
 
-    def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool: ...
+    def should_preempt(
+        self, attempt_elapsed_s: float, total_elapsed_s: float, training_s: float
+    ) -> bool:
+        """Whether to revoke now: seconds since this attempt launched, since the run
+        started, and since this attempt's first step report."""
+        ...
 
     def mean_time_between_s(self) -> float | None:
         """Mean wall seconds between revocations (for Young/Daly); None: never."""
@@ -765,7 +770,10 @@ class Controller:
                     and made_progress
                     and reached < self.target_steps
                     and self.preemptions is not None
-                    and self.preemptions.should_preempt(now - t0, now - started)
+                    and first_step_at is not None
+                    and self.preemptions.should_preempt(
+                        now - t0, now - started, training_s=now - first_step_at
+                    )
                 ):
                     injected = True
                     preempt = getattr(self.backend, "preempt", None)

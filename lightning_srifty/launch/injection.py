@@ -1,7 +1,10 @@
 """Preemption injection for the local backend (demo and tests).
 
-``--preempt-every S`` revokes each attempt once it has run ``S`` seconds and made
-progress. ``--preempt-trace FILE --time-scale X`` replays a real spot trace: wall
+``--preempt-every S`` revokes each attempt once it has trained ``S`` seconds, counted
+from its first step report: where an attempt takes longer than ``S`` to start (one
+loaded core here: about 16 s), counting from the launch revoked every attempt at its
+first step report, and a test's run became dozens of short attempts.
+``--preempt-trace FILE --time-scale X`` replays a real spot trace: wall
 time ``t`` maps to trace time ``t * X``, and the running attempt is revoked when the
 trace's zone goes from available to unavailable while it runs (a revocation is that
 transition; an attempt started during an outage has, by then, moved elsewhere). An
@@ -23,7 +26,7 @@ from lightning_srifty.core.spot import SpotTimeline
 
 @dataclass(frozen=True)
 class EveryInterval:
-    """Revokes each attempt ``seconds`` after it started (once it made progress)."""
+    """Revokes each attempt once it has trained ``seconds`` (from its first step report)."""
 
     seconds: float
     max_preemptions: int = 1_000_000
@@ -32,8 +35,10 @@ class EveryInterval:
         if not self.seconds > 0:
             raise ConfigError(f"--preempt-every must be a positive duration, got {self.seconds}")
 
-    def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool:
-        return attempt_elapsed_s >= self.seconds
+    def should_preempt(
+        self, attempt_elapsed_s: float, total_elapsed_s: float, training_s: float
+    ) -> bool:
+        return training_s >= self.seconds
 
     def mean_time_between_s(self) -> float | None:
         return self.seconds
@@ -64,8 +69,11 @@ class TraceReplay:
         """The trace tick (not wrapped) at ``total_elapsed_s`` wall seconds."""
         return int(total_elapsed_s * self.time_scale / self.gap_s)
 
-    def should_preempt(self, attempt_elapsed_s: float, total_elapsed_s: float) -> bool:
-        """True when the zone went from up to down since this attempt started."""
+    def should_preempt(
+        self, attempt_elapsed_s: float, total_elapsed_s: float, training_s: float = 0.0
+    ) -> bool:
+        """True when the zone went from up to down since this attempt started (the
+        market does not wait for training to start: ``training_s`` is not used)."""
         first = self.tick_at(max(total_elapsed_s - attempt_elapsed_s, 0.0))
         last = self.tick_at(total_elapsed_s)
         ticks = np.arange(first, last + 1)[-(len(self.available) + 1) :] % len(self.available)

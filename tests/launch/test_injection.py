@@ -20,8 +20,10 @@ def _replay(up: list[int], gap_s: float = 60.0, scale: float = 60.0) -> TraceRep
 
 def test_every_interval() -> None:
     every = EveryInterval(5.0)
-    assert not every.should_preempt(4.9, 100.0)
-    assert every.should_preempt(5.0, 100.0)
+    assert not every.should_preempt(4.9, 100.0, training_s=4.9)
+    assert every.should_preempt(5.0, 100.0, training_s=5.0)
+    # a slow start does not count: five seconds of training do
+    assert not every.should_preempt(60.0, 100.0, training_s=1.0)
     assert every.mean_time_between_s() == 5.0
     with pytest.raises(ConfigError, match="--preempt-every"):
         EveryInterval(0.0)

@@ -435,7 +435,7 @@ def test_preemptions_are_survived_migrated_and_logged(tmp_path: Path) -> None:
         tmp_path,
         TRAIN_DIGITS,
         request=PlanRequest(target_steps=2500, top_k=3),
-        preemptions=EveryInterval(2.5),
+        preemptions=EveryInterval(0.5),  # of training: a move on any machine
         grace_s=20.0,
     )
     ui = RecordingUI()
@@ -471,7 +471,7 @@ def test_uniform_progress_waits_for_its_home_zone_then_returns(tmp_path: Path) -
         tmp_path,
         TRAIN_DIGITS,
         request=PlanRequest(target_steps=1500, deadline_h=100.0, top_k=3),
-        preemptions=EveryInterval(2.5),
+        preemptions=EveryInterval(0.5),  # of training: a move on any machine
         policy="uniform-progress",
     )
     ui = RecordingUI()

@@ -59,14 +59,19 @@ def test_a_gan_stepping_two_optimizers_runs_exactly_the_batches_asked(
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_preemption_resumes_at_the_step_the_job_reached(
-    workers: int, in_tmp: Path, trace: Path, capfd: pytest.CaptureFixture[str]
+    workers: int,
+    in_tmp: Path,
+    trace: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Two processes of a GAN, DataLoader workers or not, revoked every 4 s: each time
-    the job saves the step it reached, the next attempt resumes there, the migration
-    record says so, and no batch is ever run twice."""
+    """Two processes of a GAN, DataLoader workers or not, revoked after every 1.5 s of
+    training: each time the job saves the step it reached, the next attempt resumes
+    there, the migration record says so, and no batch is ever run twice."""
+    monkeypatch.setenv("STEP_SLEEP_S", "0.002")  # >= 6 s of training on any machine
     code = launch_cmd.main(
         [GAN, "--num-workers", str(workers), "--target-steps", "3000", "--cluster",
-         "g4dn.12xlarge:1", "--preempt-every", "4s", *BASE]
+         "g4dn.12xlarge:1", "--preempt-every", "1.5s", *BASE]
     )  # fmt: skip
     out, err = capfd.readouterr()
     assert code == 0, err[-2000:] + "\n" + attempt_logs(in_tmp)

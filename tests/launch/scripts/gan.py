@@ -2,7 +2,8 @@
 in every ``training_step``, with the one srifty line.
 
 For the tests only, ``TRACE_BATCHES=<file>`` makes every rank append
-``rank world batch`` for each training batch it runs.
+``rank world batch`` for each training batch it runs, and ``STEP_SLEEP_S=<s>`` makes every
+batch take at least that long (a run long enough to be revoked on any machine).
 
     python gan.py [--max-steps N] [--num-workers W]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 import lightning as L
@@ -37,6 +39,7 @@ class Gan(L.LightningModule):
         if trace:
             with open(trace, "a") as fh:
                 fh.write(f"{self.global_rank} {self.trainer.world_size} {len(real)}\n")
+        time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))
         opt_g, opt_d = self.optimizers()
         noise = torch.randn(len(real), self.latent, device=real.device)
         ones = torch.ones(len(real), 1, device=real.device)

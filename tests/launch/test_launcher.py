@@ -18,6 +18,7 @@ from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import ConfigError, CredentialsError
 from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.planner import PlanRequest
+from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.launch.launcher import LaunchOptions, run_launch
 from tests.conftest import REPO_ROOT, S3_TEST_ENV
@@ -460,7 +461,13 @@ def test_preemptions_are_survived_migrated_and_logged(tmp_path: Path) -> None:
         ref.reason for ref in open_store(str(tmp_path / "run" / "checkpoints"), keep=99).refs()
     }
     assert "final" in reasons
-    assert outcome.run.steps_done == 2500
+    # A move to more processes makes each step worth more of the target (the run's step
+    # ledger): the run ends at its ledger's target step, where 2500 profiled steps are done.
+    ledger = StepLedger.from_dict(json.loads((tmp_path / "run" / "steps.json").read_text()))
+    done = outcome.run.steps_done
+    assert done == outcome.run.target_steps
+    last_worth = ledger.segments[-1].base_per_step
+    assert 2500 <= ledger.base_at(done) < 2500 + last_worth
     assert len(outcome.run.attempts) == len(moves) + 1
 
 

@@ -33,7 +33,7 @@ DEMO_ARGS ?= --backend local --yes --target-steps 6000
 
 demo: setup
 	@if [ -f "$(DEMO_TRACE)" ]; then preempt="--preempt-trace $(DEMO_TRACE) --time-scale 1800"; \
-	else echo "($(DEMO_TRACE) not found: preempting every 8 s instead)"; preempt="--preempt-every 8s"; fi; \
+	else echo "($(DEMO_TRACE) not found: preempting after every 8 s of training instead)"; preempt="--preempt-every 8s"; fi; \
 	$(VENV)/bin/srifty-launch examples/train_digits.py $(DEMO_ARGS) $$preempt
 
 # Refits the calibration shipped in the package on every shared trace set (maintainers;

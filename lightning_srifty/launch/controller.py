@@ -767,10 +767,9 @@ class Controller:
                 if (
                     not injected
                     and plan.use_spot  # the spot market revokes spot nodes only
-                    and made_progress
+                    and first_step_at is not None  # it made progress
                     and reached < self.target_steps
                     and self.preemptions is not None
-                    and first_step_at is not None
                     and self.preemptions.should_preempt(
                         now - t0, now - started, training_s=now - first_step_at
                     )

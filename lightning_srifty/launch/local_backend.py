@@ -366,8 +366,6 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): \S")
 """A traceback's last line (``ValueError: ...``); torchrun's own summary is skipped."""
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
 """What torchrun puts before each line a worker writes to stderr."""
-
-
 _SUMMARY_RANK = re.compile(r"^rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^exitcode\s*:\s*(-?\d+)")
 """torchrun's summary of a failed worker (``rank : 1 (local_rank: 0)``, ``exitcode : 3``)."""

@@ -17,6 +17,7 @@ from lightning_srifty.core.errors import LaunchError
 from lightning_srifty.launch.backend import JobState, LaunchSpec
 from lightning_srifty.launch.local_backend import (
     LocalBackend,
+    LocalJob,
     LocalTopology,
     cpu_share_now,
     map_topology,
@@ -45,6 +46,20 @@ def plan(nodes: int, gpus: int) -> Plan:
     return Plan(cluster, False, 1.0, 0.9, 1.1, 32, 10, 1.0, 1.0, 1.0)
 
 
+def launch_script(
+    tmp_path: Path,
+    source: str,
+    where: Plan,
+    args: tuple[str, ...] = (),
+    envs: dict[str, str] | None = None,
+) -> tuple[LocalBackend, LocalJob]:
+    """Writes ``source`` as the job's script and launches it on the local backend."""
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    backend = LocalBackend(tmp_path / "run")
+    return backend, backend.launch(LaunchSpec(str(script), args, where, envs=envs or {}))
+
+
 @pytest.mark.parametrize(
     ("nodes", "gpus", "expected"),
     [(1, 1, (1, 1)), (1, 4, (1, 4)), (4, 4, (2, 2)), (16, 1, (2, 1)), (2, 8, (2, 2))],
@@ -67,11 +82,8 @@ ECHO_RANKS = textwrap.dedent(
 
 
 def test_two_nodes_rendezvous_and_args_pass_untouched(tmp_path: Path) -> None:
-    script = tmp_path / "echo.py"
-    script.write_text(ECHO_RANKS)
     hostile = ("--name", "a b", "'; rm -rf /'", "$(whoami)", '"q"')
-    backend = LocalBackend(tmp_path / "run")
-    job = backend.launch(LaunchSpec(str(script), hostile, plan(2, 1)))
+    backend, job = launch_script(tmp_path, ECHO_RANKS, plan(2, 1), hostile)
     assert backend.wait(job, timeout_s=120) is JobState.SUCCEEDED, backend.log_tail(job)
     records = [json.loads(p.read_text()) for p in sorted(job.state_dir.glob("rank-*.json"))]
     assert len(records) == 2
@@ -106,10 +118,7 @@ def _wait_up(job, count: int) -> None:
 
 
 def test_preemption_sigterm_reaches_workers(tmp_path: Path) -> None:
-    script = tmp_path / "sleep.py"
-    script.write_text(SLEEPER)
-    backend = LocalBackend(tmp_path / "run")
-    job = backend.launch(LaunchSpec(str(script), (), plan(1, 2)))
+    backend, job = launch_script(tmp_path, SLEEPER, plan(1, 2))
     _wait_up(job, 2)
     assert backend.status(job) is JobState.RUNNING
     backend.preempt(job, grace_s=10)
@@ -118,10 +127,7 @@ def test_preemption_sigterm_reaches_workers(tmp_path: Path) -> None:
 
 
 def test_preemption_kills_workers_that_ignore_sigterm(tmp_path: Path) -> None:
-    script = tmp_path / "sleep.py"
-    script.write_text(SLEEPER)
-    backend = LocalBackend(tmp_path / "run")
-    job = backend.launch(LaunchSpec(str(script), (), plan(1, 1), envs={"IGNORE_TERM": "1"}))
+    backend, job = launch_script(tmp_path, SLEEPER, plan(1, 1), envs={"IGNORE_TERM": "1"})
     _wait_up(job, 1)
     worker_pids = [int(p.read_text()) for p in job.state_dir.glob("up-*")]
     start = time.monotonic()
@@ -172,19 +178,13 @@ EXITS_WITHOUT_A_WORD = textwrap.dedent(
 
 
 def test_a_failed_job_names_the_exception_a_rank_raised(tmp_path: Path) -> None:
-    script = tmp_path / "raises.py"
-    script.write_text(RAISES_ON_RANK_ONE)
-    backend = LocalBackend(tmp_path / "run")
-    job = backend.launch(LaunchSpec(str(script), (), plan(1, 2)))
+    backend, job = launch_script(tmp_path, RAISES_ON_RANK_ONE, plan(1, 2))
     assert backend.wait(job, timeout_s=120) is JobState.FAILED, backend.log_tail(job)
     assert backend.failure_detail(job) == "ValueError: the data shard of rank 1 is empty"
 
 
-def test_a_failed_job_with_no_exception_says_how_each_node_ended(tmp_path: Path) -> None:
-    script = tmp_path / "exits.py"
-    script.write_text(EXITS_WITHOUT_A_WORD)
-    backend = LocalBackend(tmp_path / "run")
-    job = backend.launch(LaunchSpec(str(script), (), plan(2, 1)))
+def test_a_failed_job_with_no_exception_says_how_each_worker_ended(tmp_path: Path) -> None:
+    backend, job = launch_script(tmp_path, EXITS_WITHOUT_A_WORD, plan(2, 1))
     assert backend.wait(job, timeout_s=120) is JobState.FAILED, backend.log_tail(job)
     # each worker's own exit code, from torchrun's summary (its agents exit with 1)
     assert backend.failure_detail(job) == "rank 0 exited with code 3; rank 1 exited with code 3"

@@ -354,21 +354,55 @@ def measure_steps(args: argparse.Namespace, dev: torch.device) -> list[dict[str,
 
 
 # ------------------------------------------------------- Lightning + callback
-def profile_with_callback(job: Job, batch: int, out: Path, smoke: bool) -> Path | None:
-    """Train ``job`` under a real Trainer with SriftyCallback; return the profile path."""
+WARMUP, PROFILE, CLEAN = 5, 20, 10
+"""SriftyCallback's window here; the plain run's timed steps are the clean steps' indices."""
+
+
+def lightning_run(
+    job: Job, batch: int, out: Path, smoke: bool, profile: bool
+) -> tuple[Path | None, float | None]:
+    """Train ``job`` under a real Trainer, with SriftyCallback or without it.
+
+    Returns the profile path (``None`` without the callback) and the median wall time of
+    the steps SriftyCallback times hook-free (steps 26-35 after its 5 warm-up and 20
+    hooked ones), each from one batch end to the next with a synchronisation at both.
+    """
     import lightning.pytorch as pl
 
     from lightning_srifty import SriftyCallback
 
-    class Synthetic(torch.utils.data.Dataset[tuple[Any, ...]]):
+    warmup, window, clean = (2, 4, 2) if smoke else (WARMUP, PROFILE, CLEAN)
+
+    class StepTimer(pl.Callback):
+        """Each of the timed steps, batch end to batch end, synchronised at both ends."""
+
         def __init__(self) -> None:
-            self.sample = tuple(x[0].cpu() for x in job.inputs(1, torch.device("cpu")))
+            self.seen = 0
+            self.last = 0.0
+            self.steps: list[float] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.seen += 1
+            if warmup + window <= self.seen <= warmup + window + clean:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                now = time.perf_counter()
+                if self.seen > warmup + window:
+                    self.steps.append(now - self.last)
+                self.last = now
+
+    class Synthetic(torch.utils.data.Dataset[tuple[Any, ...]]):
+        # Distinct samples: a batch of one repeated sample has no variance, and its
+        # normalised activations underflow to denormals that stall CPU arithmetic.
+        def __init__(self) -> None:
+            cpu = torch.device("cpu")
+            self.pool = [tuple(x[0] for x in job.inputs(1, cpu)) for _ in range(32)]
 
         def __len__(self) -> int:
             return 10_000
 
         def __getitem__(self, i: int) -> tuple[Any, ...]:
-            return self.sample
+            return self.pool[i % len(self.pool)]
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -382,21 +416,25 @@ def profile_with_callback(job: Job, batch: int, out: Path, smoke: bool) -> Path 
             return job.optimizer(self.net)
 
     path = out / f"profile-{job.name}.json"
+    timer = StepTimer()
+    callbacks: list[pl.Callback] = [timer]
+    if profile:
+        callbacks.append(
+            SriftyCallback(
+                warmup_steps=warmup, profile_steps=window, clean_steps=clean, profile_path=path
+            )
+        )
     trainer = pl.Trainer(
         accelerator="auto",
         devices=1,
         precision="16-mixed" if job.precision == "amp" and torch.cuda.is_available() else "32-true",
-        max_steps=12 if smoke else 40,
+        max_steps=warmup + window + clean + 2,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         gradient_clip_val=job.clip,
-        callbacks=[
-            SriftyCallback(
-                warmup_steps=2 if smoke else 5, profile_steps=4 if smoke else 20, profile_path=path
-            )
-        ],
+        callbacks=callbacks,
     )
     loader = torch.utils.data.DataLoader(
         Synthetic(), batch_size=batch, num_workers=2, pin_memory=torch.cuda.is_available()
@@ -404,9 +442,10 @@ def profile_with_callback(job: Job, batch: int, out: Path, smoke: bool) -> Path 
     try:
         trainer.fit(Module(), train_dataloaders=loader)
     except ImportError as exc:
-        print(f"{job.name}: profile skipped ({exc})", flush=True)
-        return None
-    return path if path.exists() else None
+        print(f"{job.name}: skipped ({exc})", flush=True)
+        return None, None
+    median = statistics.median(timer.steps) if timer.steps else None
+    return (path if profile and path.exists() else None), median
 
 
 PROFILE_BATCHES = {"cifar10": 129, "imagenet": 81, "bert": 8, "deepspeech2": 20}
@@ -420,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, to check the script")
     p.add_argument("--skip-profiles", action="store_true")
+    p.add_argument("--skip-steps", action="store_true", help="only the Lightning runs")
     args = p.parse_args(argv)
     if args.smoke:
         args.warmup, args.steps = 1, 2
@@ -427,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cudnn.benchmark = True
     started = time.time()
-    rows = measure_steps(args, dev)
+    rows = [] if args.skip_steps else measure_steps(args, dev)
     header = {
         "schema": SCHEMA,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor(),
@@ -442,12 +482,43 @@ def main(argv: list[str] | None = None) -> int:
         "bert_seq_len": SEQ_LEN,
         "rows": rows,
     }
-    (args.out / "steps.json").write_text(json.dumps(header, indent=1) + "\n")
+    if rows:
+        (args.out / "steps.json").write_text(json.dumps(header, indent=1) + "\n")
     if not args.skip_profiles:
         torch.backends.cuda.matmul.allow_tf32 = True  # as the traces' PyTorch did
+        runs = []
         for name in args.jobs:
-            path = profile_with_callback(JOBS[name], PROFILE_BATCHES[name], args.out, args.smoke)
-            print(f"{name}: profile {'written to ' + str(path) if path else 'missing'}", flush=True)
+            job, batch = JOBS[name], PROFILE_BATCHES[name]
+            _, plain = lightning_run(job, batch, args.out, args.smoke, profile=False)
+            path, clean = lightning_run(job, batch, args.out, args.smoke, profile=True)
+            if path is None:
+                print(f"{name}: no profile", flush=True)
+                continue
+            written = json.loads(path.read_text())
+            runs.append(
+                {
+                    "job": name,
+                    "local_bsz": batch,
+                    "plain_lightning_step_s": plain,
+                    "clean_phase_step_s": clean,
+                    "profile_step_s": written["steps"]["step"]["mean_s"],
+                    "hooks": written["extra"].get("hooks"),
+                }
+            )
+            print(
+                f"{name:12s} b={batch:4d} plain Lightning {1e3 * (plain or 0):7.2f} ms; "
+                f"profile {1e3 * runs[-1]['profile_step_s']:7.2f} ms "
+                f"(hooks {runs[-1]['hooks']})",
+                flush=True,
+            )
+        header.pop("rows")
+        header["method"] = (
+            "a real Trainer (tf32 matmuls on), synthetic data through a DataLoader with 2 "
+            "workers; plain = the same run without SriftyCallback: median of the steps the "
+            "callback times hook-free, each batch end to batch end, synchronised"
+        )
+        header["runs"] = runs
+        (args.out / "lightning.json").write_text(json.dumps(header, indent=1) + "\n")
     print(f"done in {math.ceil(time.time() - started)} s", flush=True)
     return 0
 

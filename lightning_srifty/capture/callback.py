@@ -32,6 +32,11 @@ checkpoints is a batch of the training loop, whatever the optimisation.
 Marks come from a clock: ``time.perf_counter`` on CPU, CUDA events on GPU resolved with
 one synchronise per measured step, never per layer. After the window every module and
 parameter hook is removed; the DDP hook (which torch cannot remove) turns pass-through.
+Then ``clean_steps`` more steps are timed with no hook at all, and the window's compute
+is scaled to them (:func:`~lightning_srifty.capture.timing.hook_overhead_scale`): the
+hooks' host time is the profiler's, not the job's. FLOPs are counted under
+:class:`~lightning_srifty.capture.flops.DeviceTolerantFlopCounter`, which keeps a step
+that trains without the counter training with it.
 Every rank measures; rank zero gathers all ranks and writes the profile.
 
 Later issues hang off :meth:`SriftyCallback._on_window_done` (profile mode: checkpoint
@@ -40,9 +45,11 @@ and ``trainer.should_stop = True``) and :meth:`state_dict` (resume without re-pr
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import platform
+import statistics
 import time
 import weakref
 from collections.abc import Mapping
@@ -67,6 +74,7 @@ from lightning_srifty.capture.checkpointing import (
     rng_state_for_this_rank,
 )
 from lightning_srifty.capture.environment import accelerator_from_device_name, detect_placement
+from lightning_srifty.capture.flops import DeviceTolerantFlopCounter
 from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings
 from lightning_srifty.capture.script_facts import facts_for
 from lightning_srifty.capture.timing import (
@@ -84,6 +92,8 @@ from lightning_srifty.capture.timing import (
     exclusive_calls,
     exclusive_nested,
     fold_into_records,
+    hook_overhead_scale,
+    without_hook_overhead,
 )
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.launch_protocol import (
@@ -165,6 +175,11 @@ class SriftyCallback(pl.Callback):
             count runs on the last warm-up step).
         profile_steps: Steps measured. Ignored when ``profile_epochs`` is set.
         profile_epochs: Measure until this many epochs have ended after warm-up.
+        clean_steps: Steps timed after the window with every hook removed. The
+            per-layer hooks cost host time, which on a GPU can stretch a step of many
+            short layers several-fold; the profile keeps the window's per-layer and
+            per-phase shares but takes its compute time from these steps, so a plan
+            prices the run as it will train. 0 keeps the hooked times.
         profile_path: Where to write; ``SRIFTY_PROFILE_PATH`` overrides it (the launcher
             sets it); default ``<default_root_dir>/srifty/profile.json``.
         env: Environment variables to read (default ``os.environ``); injectable so
@@ -180,6 +195,7 @@ class SriftyCallback(pl.Callback):
         profile_path: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         verbose: bool = True,
+        clean_steps: int = 10,
     ) -> None:
         if warmup_steps < 0:
             raise ConfigError(f"SriftyCallback: warmup_steps must be >= 0, got {warmup_steps}")
@@ -187,7 +203,10 @@ class SriftyCallback(pl.Callback):
             raise ConfigError(f"SriftyCallback: profile_steps must be >= 1, got {profile_steps}")
         if profile_epochs is not None and profile_epochs < 1:
             raise ConfigError(f"SriftyCallback: profile_epochs must be >= 1, got {profile_epochs}")
+        if clean_steps < 0:
+            raise ConfigError(f"SriftyCallback: clean_steps must be >= 0, got {clean_steps}")
         self.warmup_steps = max(warmup_steps, 1)
+        self.clean_steps = clean_steps
         self.profile_steps = profile_steps
         self.profile_epochs = profile_epochs
         self._env = dict(os.environ if env is None else env)
@@ -281,6 +300,14 @@ class SriftyCallback(pl.Callback):
         """This step's module calls: ``[name, parent index, start mark, end mark]``."""
         self._stack: list[int] = []
         self._end_mark: Any = None
+        self._window_updates = 0
+        """Lightning's optimizer steps in the hooked window (set when it ends)."""
+        self._hooked_spans: list[float] = []
+        """Each measured step's span from its first batch start to its end (hooked)."""
+        self._cleaning = False
+        """The window is measured and its hooks are gone: timing the hook-free steps."""
+        self._clean_start: Any = None
+        self._clean_marks: list[tuple[Any, Any]] = []
 
     # ------------------------------------------------------------ lightning
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -325,6 +352,12 @@ class SriftyCallback(pl.Callback):
             self._session.exit_if_preempted()
         if self.profiled:
             return
+        if self._cleaning:
+            if self._micro_in_step == 0:
+                self._global_step_at_start = int(trainer.global_step)
+                self._clean_start = self._clock.mark()
+            self._micro_in_step += 1
+            return
         now = time.perf_counter()
         data_wait = now - self._last_end_host if self._last_end_host is not None else 0.0
         if self._micro_in_step == 0:
@@ -332,7 +365,7 @@ class SriftyCallback(pl.Callback):
             # boundaries are counted in updates, whatever the accumulation.
             self._global_step_at_start = int(trainer.global_step)
             if self._seen_steps == self.warmup_steps - 1:
-                self._flop_mode = FlopCounterMode(display=False)
+                self._flop_mode = DeviceTolerantFlopCounter(display=False)
                 self._flop_mode.__enter__()
                 self._flop_forward = {}
             if self._seen_steps == self.warmup_steps:
@@ -394,6 +427,14 @@ class SriftyCallback(pl.Callback):
             int(trainer.accumulate_grad_batches) <= 1
             or int(trainer.global_step) > self._global_step_at_start
         )
+        if self._cleaning:
+            if stepped and self._clean_start is not None:
+                self._clean_marks.append((self._clean_start, self._clock.mark()))
+                self._clean_start = None
+                self._micro_in_step = 0
+                if len(self._clean_marks) >= self.clean_steps:
+                    self._write_profile(trainer, pl_module)
+            return
         self._last_end_host = time.perf_counter()
         if self._compute_from is not None:
             cpu0, wall0 = self._compute_from
@@ -430,7 +471,9 @@ class SriftyCallback(pl.Callback):
         """Training ended inside the window: keep what was measured rather than nothing."""
         self._stop_flop_count(pl_module)
         if self._measuring:
-            self._end_window(trainer, pl_module)
+            self._end_window(trainer, pl_module, training_over=True)
+        if self._cleaning:
+            self._write_profile(trainer, pl_module)
         state_dir = self._env.get(ENV_STATE_DIR)
         if state_dir and self.written_path is None and trainer.is_global_zero:
             (Path(state_dir) / SHORT_PROFILE_MARKER).write_text(self._too_short(trainer) + "\n")
@@ -617,6 +660,7 @@ class SriftyCallback(pl.Callback):
             )
         )
         self._peak_bytes = max(self._peak_bytes, psutil.Process().memory_info().rss)
+        self._hooked_spans.append(clock.seconds(first.start, end))
 
     def _stop_flop_count(self, pl_module: pl.LightningModule) -> None:
         if self._flop_mode is None:
@@ -671,13 +715,29 @@ class SriftyCallback(pl.Callback):
             display={n: (n or root) for n in names},
         )
 
-    def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _end_window(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, training_over: bool = False
+    ) -> None:
+        """The hooked window is measured: remove the hooks, then time clean steps."""
+        self._window_updates = int(trainer.global_step) - self._window_global_step
         self._host_share = self._measured_host_share(pl_module)
         self._remove_hooks()
         self._measuring = False
-        self.profiled = True
         if pl_module.device.type == "cuda":
             self._peak_bytes = int(torch.cuda.max_memory_allocated(pl_module.device))
+        if self.clean_steps > 0 and not training_over:
+            self._cleaning = True
+            self._micro_in_step = 0
+            return
+        self._write_profile(trainer, pl_module)
+
+    def _write_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Builds the profile from every rank's window, timed as the run trains."""
+        self._cleaning = False
+        self.profiled = True
+        self._clock.sync()
+        clean = [self._clock.seconds(a, b) for a, b in self._clean_marks]
+        scale = hook_overhead_scale(self._hooked_spans, clean)
         records = self._records(pl_module)
         means = self._layers.means()
         forward = fold_into_records({n: f for n, (f, _) in means.items()}, records.names)
@@ -692,9 +752,20 @@ class SriftyCallback(pl.Callback):
             buckets=self._buckets.buckets(),
             peak_memory_bytes=self._peak_bytes,
         )
-        measurements = _gather(mine, trainer.world_size)
+        measurements = _gather(without_hook_overhead(mine, scale), trainer.world_size)
         if trainer.global_rank == 0:
-            profile = build_profile(measurements, self._facts(trainer, pl_module, records))
+            facts = self._facts(trainer, pl_module, records)
+            if clean and self._hooked_spans:
+                facts = dataclasses.replace(
+                    facts,
+                    hooks={
+                        "scale": round(scale, 4),
+                        "hooked_span_s": statistics.median(self._hooked_spans),
+                        "clean_span_s": statistics.median(clean),
+                        "clean_steps": float(len(clean)),
+                    },
+                )
+            profile = build_profile(measurements, facts)
             path = self._output_path(trainer)
             self.profile = profile
             self.written_path = save_profile(profile, path)
@@ -791,7 +862,7 @@ class SriftyCallback(pl.Callback):
             trainer_limits=_trainer_limits(
                 trainer,
                 micro,
-                int(trainer.global_step) - self._window_global_step,
+                self._window_updates,
                 sum(self._micro_counts),
             ),  # fmt: skip
             script=facts_for(trainer),

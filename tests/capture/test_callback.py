@@ -214,7 +214,8 @@ def test_training_ending_inside_the_window_keeps_what_was_measured(
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"warmup_steps": -1}, {"profile_steps": 0}, {"profile_epochs": 0}]
+    "kwargs",
+    [{"warmup_steps": -1}, {"profile_steps": 0}, {"profile_epochs": 0}, {"clean_steps": -1}],
 )
 def test_bad_settings_are_config_errors(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=next(iter(kwargs))):
@@ -250,3 +251,82 @@ def test_cpu_profile_records_the_share_of_a_core_it_got(profiled_run: dict[str, 
     host = profile.extra["host"]
     assert host["intra_op_threads"] == torch.get_num_threads()
     assert 0.0 < host["cpu_share"] <= 1.05
+
+
+def test_the_profile_takes_its_compute_time_from_hook_free_steps(
+    profiled_run: dict[str, Any],
+) -> None:
+    # 3 warm-up + 12 hooked steps of max_steps=20 leave 5 hook-free steps (of 10 asked).
+    profile: Profile = profiled_run["callback"].profile
+    hooks = profile.extra["hooks"]
+    assert hooks["clean_steps"] == 5
+    assert 0 < hooks["scale"] <= 1
+    expected = min(hooks["clean_span_s"] / hooks["hooked_span_s"], 1.0)
+    assert hooks["scale"] == pytest.approx(expected, abs=1e-4)
+    # the phases keep their shares of the hooked window, so they still fit in the step
+    s = profile.steps
+    assert s.forward_s + s.backward_s + s.optimizer_s <= s.step.mean_s - s.data_wait_s + 1e-9
+
+
+def test_no_clean_steps_keeps_the_hooked_times(digits: ModuleType, tmp_path: Path) -> None:
+    callback = SriftyCallback(warmup_steps=2, profile_steps=4, clean_steps=0, verbose=False)
+    _trainer(tmp_path, callback, max_steps=10).fit(
+        digits.DigitsModule(hidden=32), datamodule=digits.DigitsDataModule(batch_size=BATCH)
+    )
+    profile = load_profile(tmp_path / "srifty" / "profile.json")
+    assert "hooks" not in profile.extra
+    assert profile.steps.measured_steps == 4
+
+
+class _Speech(pl.LightningModule):
+    """A conv + bidirectional GRU + CTC model, as deepspeech.pytorch trains: the CTC
+    lengths are CPU tensors whatever the device (valid PyTorch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(16, 32, 5, padding=2)
+        self.rnn = torch.nn.GRU(32, 32, bidirectional=True)
+        self.fc = torch.nn.Linear(64, 10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        spect, targets = batch
+        x = self.conv(spect).permute(2, 0, 1)  # (time, batch, features)
+        log_probs = self.fc(self.rnn(x)[0]).log_softmax(-1)
+        t, n, _ = log_probs.shape
+        in_len = torch.full((n,), t, dtype=torch.long)  # on the CPU
+        tgt_len = torch.full((n,), targets.shape[1], dtype=torch.long)
+        return torch.nn.functional.ctc_loss(log_probs, targets, in_len, tgt_len)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize(
+    "accelerator",
+    ["cpu", pytest.param("gpu", marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ])],
+)  # fmt: skip
+def test_a_ctc_model_with_host_lengths_trains_under_the_callback(
+    accelerator: str, tmp_path: Path
+) -> None:
+    """On a GPU this step raised under a plain FlopCounterMode (seen on an H100)."""
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(16, 40, generator=g), torch.randint(1, 10, (8,), generator=g))
+            for _ in range(64)]  # fmt: skip
+    callback = SriftyCallback(warmup_steps=2, profile_steps=3, clean_steps=2, verbose=False)
+    pl.Trainer(
+        max_steps=8,
+        accelerator=accelerator,
+        devices=1,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    ).fit(_Speech(), train_dataloaders=torch.utils.data.DataLoader(data, batch_size=8))
+    profile = load_profile(tmp_path / "srifty" / "profile.json")
+    assert profile.flops_per_step > 0  # the convolution and the GRU were counted
+    assert {x.module_type for x in profile.layers} >= {"Conv1d", "GRU", "Linear"}

@@ -19,8 +19,10 @@ from lightning_srifty.capture.timing import (
     exclusive_calls,
     exclusive_nested,
     fold_into_records,
+    hook_overhead_scale,
+    without_hook_overhead,
 )
-from lightning_srifty.core.profile import Environment, GradParam, Profile
+from lightning_srifty.core.profile import Bucket, Environment, GradParam, Profile
 
 ENV = Environment("cpu (x86_64)", "cpu", 2, 2, 1, "32-true", 8, "2.x", "2.x")
 
@@ -141,3 +143,37 @@ def test_blocks_descend_through_single_child_wrappers() -> None:
     assert block_names(["body.0", "body.2", "head"]) == {
         "body.0": "body", "body.2": "body", "head": "head"
     }  # fmt: skip
+
+
+def test_hook_overhead_is_the_ratio_of_median_spans_and_never_above_one() -> None:
+    hooked = [0.030, 0.025, 0.026, 0.090]  # one slow outlier: medians ignore it
+    clean = [0.011, 0.009, 0.010]
+    assert hook_overhead_scale(hooked, clean) == pytest.approx(0.010 / 0.028)
+    # hooks only add time: a slower clean phase (noise, a clock change) scales nothing
+    assert hook_overhead_scale([0.010], [0.012]) == 1.0
+    assert hook_overhead_scale([], clean) == 1.0
+    assert hook_overhead_scale(hooked, []) == 1.0
+
+
+def test_removing_hook_overhead_shrinks_compute_and_keeps_waits_and_network() -> None:
+    step = StepRecord(
+        step_s=0.040, forward_s=0.012, backward_s=0.016, optimizer_s=0.004,
+        data_wait_s=0.005, allreduce_s=0.006, exposed_comm_s=0.003,
+    )  # fmt: skip
+    bucket = Bucket(index=0, bytes=4096, num_params=2, ready_order=0,
+                    ready_offset_s=0.008, allreduce_s=0.006)  # fmt: skip
+    measured = RankMeasurement(
+        rank=1, steps=(step,), layers={"fc": (0.010, 0.014)}, buckets=(bucket,),
+        peak_memory_bytes=123,
+    )  # fmt: skip
+    half = without_hook_overhead(measured, 0.5)
+    (s,) = half.steps
+    # compute (step less data wait and exposed communication) halves: 0.032 -> 0.016
+    assert s.step_s == pytest.approx(0.005 + 0.016 + 0.003)
+    assert (s.forward_s, s.backward_s, s.optimizer_s) == pytest.approx((0.006, 0.008, 0.002))
+    assert (s.data_wait_s, s.allreduce_s, s.exposed_comm_s) == (0.005, 0.006, 0.003)
+    assert half.layers["fc"] == pytest.approx((0.005, 0.007))
+    assert half.buckets[0].ready_offset_s == pytest.approx(0.004)
+    assert half.buckets[0].allreduce_s == 0.006
+    assert (half.rank, half.peak_memory_bytes) == (1, 123)
+    assert without_hook_overhead(measured, 1.0) is measured

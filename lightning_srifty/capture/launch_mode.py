@@ -265,6 +265,7 @@ class LaunchSession:
         agreed = self.vote.collect()
         if agreed.preempt:
             self._emergency_exit(trainer)
+            return  # the emergency checkpoint is this step's only save
         target = self.settings.target_steps
         if (target is not None and step >= target) or self._epochs_reached(trainer):
             trainer.should_stop = True
@@ -282,6 +283,7 @@ class LaunchSession:
         )
         if local.preempt:
             self._emergency_exit(trainer)
+            return
         if local.checkpoint:
             self.save(trainer, "periodic")
 

@@ -27,8 +27,11 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "preempt_at_worker_start.
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run_job(tmp_path: Path, args: list[str], *, armed: bool) -> tuple[int, str]:
+def _run_job(
+    tmp_path: Path, args: list[str], *, armed: bool, extra_env: dict[str, str] | None = None
+) -> tuple[int, str]:
     env = dict(os.environ)
+    env.update(extra_env or {})
     env.update(
         {
             proto.ENV_MODE: proto.MODE_TRAIN,
@@ -92,6 +95,28 @@ def test_a_sigterm_while_workers_start_still_ends_in_an_emergency_checkpoint(
     assert (latest.reason, latest.step) == ("emergency", ran)
     assert f"emergency checkpoint {latest.id} at step {ran}" in out
     assert ran < 4 * 8  # stopped by the preemption, not by max_epochs
+
+
+def test_a_notice_when_a_periodic_checkpoint_is_due_saves_the_step_once(
+    tmp_path: Path,
+) -> None:
+    """A time-based checkpoint due at every step, and a SIGTERM: the step the notice
+    lands on is saved once, as the emergency checkpoint (it was saved twice)."""
+    code, out = _run_job(
+        tmp_path,
+        ["--context", "fork", "--arm-after-epoch", "0"],
+        armed=False,
+        extra_env={proto.ENV_CHECKPOINT_INTERVAL_S: "0.000001", proto.ENV_KEEP_CHECKPOINTS: "50"},
+    )
+    assert code == proto.PREEMPTED_EXIT_CODE, out[-3000:]
+    refs = open_store(str(tmp_path / "store"), keep=50).refs()
+    steps = [r.step for r in refs]
+    assert len(steps) == len(set(steps)), (
+        f"a step saved twice: {[(r.step, r.reason) for r in refs]}"
+    )
+    ran = len((tmp_path / "batches.txt").read_text().splitlines())
+    assert (refs[0].reason, refs[0].step) == ("emergency", ran)
+    assert any(r.reason == "periodic" for r in refs)  # the clock rule did fire
 
 
 def test_a_worker_ignores_sigterm_then_runs_the_loaders_own_init(tmp_path: Path) -> None:

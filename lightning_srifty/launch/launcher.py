@@ -552,8 +552,8 @@ def _profile_for(
     ui.info(f"profiling {options.script} on this machine (checkpoints: {uri})")
     profile_env = dict(job_env)
     if isinstance(backend, LocalBackend):
-        # Profile with the thread count the local workers will train with.
-        profile_env.update(LocalBackend.thread_env())
+        # Profile as the local workers will train: their threads, no GPU.
+        profile_env.update(LocalBackend.process_env())
     return run_profile(
         options.script,
         options.script_args,

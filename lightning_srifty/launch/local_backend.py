@@ -187,13 +187,24 @@ class LocalBackend:
         """Steady step (median, 10th, 90th percentile) a probe measured per topology."""
 
     @staticmethod
-    def thread_env() -> dict[str, str]:
-        """One intra-op thread per process (unless the user chose), as workers get it.
+    def process_env() -> dict[str, str]:
+        """What every local process runs with, the profiling run's included.
 
-        Several local "GPUs" share this machine's cores; more threads than cores per
-        process make tiny ops wait on each other and step times meaningless.
+        One intra-op thread per process (unless the user chose): several local "GPUs"
+        share this machine's cores, and more threads than cores per process make tiny
+        ops wait on each other and step times meaningless.
+
+        No GPU: the backend stands a plan's processes up on this machine, and a node of
+        N processes needs N devices where a workstation has one or none. On a GPU
+        machine Lightning's ``auto`` put every process on GPU 0 and a 4-process node
+        failed with "Invalid device id" (seen on an H100). Every process, the profile's
+        too, trains on the CPU, so the steps measured match the predictions made from
+        that profile.
         """
-        return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        return {
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "CUDA_VISIBLE_DEVICES": "",
+        }
 
     def core_shares(
         self, topology: LocalTopology, *, profile_share: float = 0.0
@@ -396,7 +407,7 @@ def _job_env(
     env["SRIFTY_NUM_NODES"] = str(topology.nodes)
     env["SRIFTY_NODE_RANK"] = str(node_rank)
     env["SRIFTY_PROCS_PER_NODE"] = str(topology.procs_per_node)
-    env.update(LocalBackend.thread_env())
+    env.update(LocalBackend.process_env())
     return env
 
 

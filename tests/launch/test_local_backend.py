@@ -76,7 +76,8 @@ ECHO_RANKS = textwrap.dedent(
     out = os.path.join(os.environ["SRIFTY_STATE_DIR"], f"rank-{os.environ['RANK']}.json")
     with open(out, "w") as fh:
         json.dump({"argv": sys.argv[1:], "world": os.environ["WORLD_SIZE"],
-                   "node": os.environ["SRIFTY_NODE_RANK"]}, fh)
+                   "node": os.environ["SRIFTY_NODE_RANK"],
+                   "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}, fh)
     """
 )
 
@@ -90,6 +91,16 @@ def test_two_nodes_rendezvous_and_args_pass_untouched(tmp_path: Path) -> None:
     assert {r["node"] for r in records} == {"0", "1"}
     assert all(r["world"] == "2" for r in records)
     assert all(tuple(r["argv"]) == hostile for r in records)
+
+
+def test_local_processes_never_see_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes on one node of a machine that shows one GPU: none may use it (on an
+    H100 both went to GPU 0 and the second failed with "Invalid device id")."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    backend, job = launch_script(tmp_path, ECHO_RANKS, plan(1, 2))
+    assert backend.wait(job, timeout_s=120) is JobState.SUCCEEDED, backend.log_tail(job)
+    records = [json.loads(p.read_text()) for p in sorted(job.state_dir.glob("rank-*.json"))]
+    assert [r["cuda"] for r in records] == ["", ""]
 
 
 SLEEPER = textwrap.dedent(

@@ -73,7 +73,11 @@ from lightning_srifty.capture.checkpointing import (
     restore_rng_state,
     rng_state_for_this_rank,
 )
-from lightning_srifty.capture.environment import accelerator_from_device_name, detect_placement
+from lightning_srifty.capture.environment import (
+    accelerator_from_device_name,
+    detect_placement,
+    float32_math,
+)
 from lightning_srifty.capture.flops import DeviceTolerantFlopCounter
 from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings
 from lightning_srifty.capture.script_facts import facts_for
@@ -879,6 +883,7 @@ class SriftyCallback(pl.Callback):
             device_name = f"{device.type} ({platform.machine()})"
             accelerator = "cpu" if device.type == "cpu" else device.type
         placement = detect_placement(self._env)
+        math_mode = float32_math()
         return Environment(
             device_name=device_name,
             accelerator=accelerator,
@@ -892,6 +897,8 @@ class SriftyCallback(pl.Callback):
             instance_type=placement.instance_type,
             region=placement.region,
             accumulate_grad_batches=max(int(trainer.accumulate_grad_batches), 1),
+            float32_matmul_precision=math_mode.matmul_precision,
+            cudnn_allow_tf32=math_mode.cudnn_allow_tf32,
         )
 
 

@@ -1,4 +1,4 @@
-"""Where the job runs: accelerator name, instance type and region.
+"""Where the job runs: accelerator name, instance type, region and float32 math mode.
 
 Everything here is best-effort and must never block or fail training: the region comes
 from SkyPilot's ``SKYPILOT_CLUSTER_INFO`` (JSON with ``cloud``, ``region``, ``zone``,
@@ -24,6 +24,7 @@ from lightning_srifty.capture.imds import (
     imds_endpoint,
 )
 from lightning_srifty.core.errors import MetadataUnavailableError
+from lightning_srifty.core.profile import FLOAT32_MATMUL_PRECISIONS
 
 IMDS_TIMEOUT_S = 0.2
 SKYPILOT_CLUSTER_INFO = "SKYPILOT_CLUSTER_INFO"
@@ -50,6 +51,61 @@ class Placement:
 
     instance_type: str | None = None
     region: str | None = None
+
+
+@dataclass(frozen=True)
+class Float32Math:
+    """What PyTorch lets a float32 job's matrix products use (TF32 or not)."""
+
+    matmul_precision: str
+    """``torch.get_float32_matmul_precision()``: ``"highest"``, ``"high"`` or ``"medium"``."""
+    cudnn_allow_tf32: bool
+    """``torch.backends.cudnn.allow_tf32`` (convolutions and RNNs)."""
+
+
+_NEW_API_MATMUL = {"ieee": "highest", "tf32": "high", "bf16": "medium"}
+"""PyTorch 2.9's ``fp32_precision`` values in the legacy names the profile records."""
+
+
+def float32_math() -> Float32Math:
+    """The float32 matmul and cuDNN TF32 settings in force now.
+
+    Read at capture because they change a ``32-true`` job's step time 3-7x on Ampere and
+    later while leaving a CPU or Turing run untouched, so only the profile can carry them
+    to the planner. PyTorch 2.9 added ``torch.backends.*.fp32_precision`` beside the
+    legacy calls and refuses the legacy getters (``RuntimeError``) once a script mixed
+    the two; then the new attributes answer (``"none"`` inherits
+    ``torch.backends.fp32_precision``). Anything unreadable falls back to PyTorch's
+    defaults ("highest", cuDNN TF32 on): capture must never fail training.
+    """
+    import torch
+
+    def new_api(*chain: object) -> str:
+        """The first set ``fp32_precision`` from the most specific backend outwards."""
+        for backend in (*chain, torch.backends):
+            value = str(getattr(backend, "fp32_precision", "none"))
+            if value != "none":
+                return value
+        return "none"
+
+    try:
+        matmul = str(torch.get_float32_matmul_precision())
+    except RuntimeError:
+        try:
+            matmul = _NEW_API_MATMUL.get(new_api(torch.backends.cuda.matmul), "highest")
+        except (AttributeError, RuntimeError):
+            matmul = "highest"
+    if matmul not in FLOAT32_MATMUL_PRECISIONS:
+        matmul = "highest"
+    try:
+        cudnn = bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        try:
+            conv = getattr(torch.backends.cudnn, "conv", None)
+            cudnn = new_api(conv, torch.backends.cudnn) != "ieee"
+        except (AttributeError, RuntimeError):
+            cudnn = True
+    return Float32Math(matmul_precision=matmul, cudnn_allow_tf32=cudnn)
 
 
 def accelerator_from_device_name(device_name: str, total_memory_bytes: int = 0) -> str:

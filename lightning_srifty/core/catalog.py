@@ -452,6 +452,17 @@ TENSOR_CORE_MODULES = frozenset(
 )  # fmt: skip
 """Module types whose FLOPs are matrix products (tensor cores: TF32 or FP16 rate); the
 FLOPs of any other module run at the CUDA-core FP32 rate."""
+CUDNN_MODULES = frozenset(
+    {
+        "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+        "LazyConv1d", "LazyConv2d", "LazyConv3d", "LSTM", "GRU", "RNN",
+    }
+)  # fmt: skip
+"""The matrix-product modules cuDNN runs in float32 (convolutions and RNNs), whose TF32
+use ``torch.backends.cudnn.allow_tf32`` governs (PyTorch checks that flag for both:
+``torch.backends.cudnn.conv`` and ``.rnn``); every other one in
+:data:`TENSOR_CORE_MODULES` is a cuBLAS product governed by
+``torch.get_float32_matmul_precision()``."""
 
 
 GPU_GENERATIONS: dict[str, str] = {
@@ -480,11 +491,16 @@ benchmark (``tests/fit/test_gpu_utilisation.py`` checks that it reproduces): Hop
 reaches about half the share of its datasheet peak that Ampere does."""
 
 
-def achieved_tflops(spec: GpuSpec, precision: str) -> float:
+def achieved_tflops(spec: GpuSpec, precision: str, tf32_share: float = 1.0) -> float:
     """The matrix-product rate training reaches, relatively: the datasheet peak
-    (:func:`peak_tflops`) times its generation's :data:`TENSOR_UTILISATION`."""
+    (:func:`peak_tflops`) times its generation's :data:`TENSOR_UTILISATION`.
+
+    The generation's factor applies at either float32 rate: it was fitted with Volta's
+    and Turing's fp32 rows at their CUDA-core rate, and no public benchmark separates
+    CUDA-core from tensor-core reach on one GPU.
+    """
     generation = GPU_GENERATIONS.get(spec.name, "")
-    return peak_tflops(spec, precision) * TENSOR_UTILISATION.get(generation, 1.0)
+    return peak_tflops(spec, precision, tf32_share) * TENSOR_UTILISATION.get(generation, 1.0)
 
 
 def precision_kind(precision: str) -> str:
@@ -493,25 +509,40 @@ def precision_kind(precision: str) -> str:
     return "fp16" if "16" in precision else "fp32"
 
 
-def peak_tflops(spec: GpuSpec, precision: str) -> float:
+def peak_tflops(spec: GpuSpec, precision: str, tf32_share: float = 1.0) -> float:
     """Peak matmul rate a framework sees at a precision.
 
-    ``"fp32"`` uses the TF32 tensor-core rate (PyTorch's default for convolutions on
-    Ampere and later; equal to plain FP32 on Volta/Turing, whose rows say so), ``"fp16"``
-    the dense FP16 tensor-core rate. Lightning's precision strings are accepted too.
+    ``"fp16"`` is the dense FP16 tensor-core rate. ``"fp32"`` depends on what the job
+    allows: its matrix products run at the TF32 tensor-core rate where TF32 is allowed
+    (cuDNN's default for convolutions; cuBLAS matmuls only with
+    ``torch.set_float32_matmul_precision("high")`` since PyTorch 1.12) and at the plain
+    FP32 rate where not, 7x slower on an H100. ``tf32_share`` is the share of the
+    matrix-product FLOPs allowed TF32 (1: all, 0: none); a mix takes the harmonic blend
+    (time adds per FLOP). On Volta/Turing both columns hold the FP32 rate, so the share
+    changes nothing there. Lightning's precision strings are accepted too.
     """
     if precision not in PRECISIONS:
         if "-" in precision or precision == "tf32":
             precision = precision_kind(precision)
         else:
             raise ValueError(f"precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    if precision == "fp32":
+    if not 0.0 <= tf32_share <= 1.0:
+        raise ValueError(f"tf32_share {tf32_share} is outside 0..1")
+    if precision != "fp32":
+        return spec.fp16_tflops
+    if tf32_share >= 1.0:
         return spec.tf32_tflops
-    return spec.fp16_tflops
+    if tf32_share <= 0.0:
+        return spec.fp32_tflops
+    return 1.0 / (tf32_share / spec.tf32_tflops + (1.0 - tf32_share) / spec.fp32_tflops)
 
 
 def device_time_ratio(
-    source: GpuSpec, target: GpuSpec, precision: str, compute_share: float = COMPUTE_SHARE
+    source: GpuSpec,
+    target: GpuSpec,
+    precision: str,
+    compute_share: float = COMPUTE_SHARE,
+    tf32_share: float = 1.0,
 ) -> float:
     """Device time on ``target`` over device time on ``source`` from published peaks.
 
@@ -520,11 +551,14 @@ def device_time_ratio(
     ratio (:func:`achieved_tflops`: the peak times its generation's utilisation) and
     the memory-bandwidth ratio, weighted by ``compute_share`` (1 = purely
     compute-bound). Host time (data loading, launches) is not in it: callers keep it as
-    measured.
+    measured. ``tf32_share`` (see :func:`peak_tflops`) is the job's: the launched job
+    runs the same script on both GPUs.
     """
     if not 0.0 <= compute_share <= 1.0:
         raise ValueError(f"compute_share {compute_share} is outside 0..1")
-    flops_ratio = achieved_tflops(source, precision) / achieved_tflops(target, precision)
+    flops_ratio = achieved_tflops(source, precision, tf32_share) / achieved_tflops(
+        target, precision, tf32_share
+    )
     bandwidth_ratio = source.mem_bw_gbps / target.mem_bw_gbps
     return float(flops_ratio**compute_share * bandwidth_ratio ** (1.0 - compute_share))
 
@@ -544,6 +578,7 @@ def layer_time_ratio(
     source: GpuSpec,
     target: GpuSpec,
     precision: str,
+    tf32: bool = True,
 ) -> float | None:
     """Time of one layer on ``target`` over ``source`` by the roofline regime it sits in.
 
@@ -551,14 +586,24 @@ def layer_time_ratio(
     by the ratio of achieved tensor-core rates (peak times the generation's
     :data:`TENSOR_UTILISATION`), a memory-bound one (normalisation, activations,
     embeddings) by the bandwidth ratio; the FLOPs of modules that are not matrix
-    products run at the CUDA-core FP32 rate. ``None`` when the layer has neither.
+    products run at the CUDA-core FP32 rate. ``tf32``: whether the job lets this layer's
+    float32 products use TF32 (:func:`layer_allows_tf32`). ``None`` when the layer has
+    neither FLOPs nor bytes.
     """
     if flops <= 0 and moved_bytes <= 0:
         return None
     matmul = module_type in TENSOR_CORE_MODULES
-    peak_s = (achieved_tflops(source, precision) if matmul else source.fp32_tflops) * 1e12
-    peak_t = (achieved_tflops(target, precision) if matmul else target.fp32_tflops) * 1e12
+    share = 1.0 if tf32 else 0.0
+    peak_s = (achieved_tflops(source, precision, share) if matmul else source.fp32_tflops) * 1e12
+    peak_t = (achieved_tflops(target, precision, share) if matmul else target.fp32_tflops) * 1e12
     bw_s, bw_t = source.mem_bw_gbps * 1e9, target.mem_bw_gbps * 1e9
     before = max(flops / peak_s, moved_bytes / bw_s)
     after = max(flops / peak_t, moved_bytes / bw_t)
     return after / before
+
+
+def layer_allows_tf32(module_type: str, matmul_tf32: bool, cudnn_tf32: bool) -> bool:
+    """Whether a float32 layer of ``module_type`` may run on TF32 tensor cores: cuDNN's
+    modules (:data:`CUDNN_MODULES`) by ``cudnn.allow_tf32``, every other one by the
+    float32 matmul precision."""
+    return cudnn_tf32 if module_type in CUDNN_MODULES else matmul_tf32

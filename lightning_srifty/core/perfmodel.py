@@ -47,9 +47,11 @@ from lightning_srifty.core.calibration import (
 )
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
 from lightning_srifty.core.catalog import (
+    TENSOR_CORE_MODULES,
     GpuSpec,
     achieved_tflops,
     device_time_ratio,
+    layer_allows_tf32,
     layer_time_ratio,
 )
 from lightning_srifty.core.cluster import Cluster
@@ -276,6 +278,35 @@ def fit_compute_curve(profile: Profile) -> _Curve:
     return _Curve(alpha, beta, batches, times)
 
 
+def tf32_share(profile: Profile) -> float:
+    """Share of a float32 job's matrix-product work allowed to run on TF32 tensor cores.
+
+    The job's own settings (:attr:`Environment.matmul_tf32` for cuBLAS products,
+    :attr:`Environment.cudnn_tf32` for cuDNN's convolutions and RNNs) hold on every
+    target: the plan is the run, the launched job runs the same script. The whole-step
+    ratio blends the two rates by the FLOP share of the layers each setting covers
+    (their profiled time where FLOPs were not counted). A profile with no matrix-product
+    layers to weigh (a coarse one) takes the matmul setting where the two agree and an
+    even blend where they do not.
+    """
+    env = profile.environment
+    if env.matmul_tf32 == env.cudnn_tf32:
+        return 1.0 if env.matmul_tf32 else 0.0
+    products = [x for x in profile.layers if x.module_type in TENSOR_CORE_MODULES]
+    weights = [x.flops for x in products]
+    if sum(weights) <= 0:
+        weights = [x.forward_s + x.backward_s for x in products]
+    total = sum(weights)
+    if total <= 0:
+        return 0.5
+    allowed = sum(
+        w
+        for x, w in zip(products, weights, strict=True)
+        if layer_allows_tf32(x.module_type, env.matmul_tf32, env.cudnn_tf32)
+    )
+    return allowed / total
+
+
 class PerformanceModel:
     """Predicts step time for one profile on any cluster (vectorised over candidates).
 
@@ -299,12 +330,14 @@ class PerformanceModel:
         target = self.gpu_specs.get(accelerator)
         if target is None:
             return None
-        precision = profile.environment.precision
+        env = profile.environment
+        precision = env.precision
+        share = tf32_share(profile)
         src = self.gpu_specs.get(source)
         if src is None:
-            peak_t = achieved_tflops(target, precision) * 1e12
+            peak_t = achieved_tflops(target, precision, share) * 1e12
             return self._absolute_roofline_ratio(profile, peak_t, target.mem_bw_gbps * 1e9)
-        whole = device_time_ratio(src, target, precision)
+        whole = device_time_ratio(src, target, precision, tf32_share=share)
         layers = [x for x in profile.layers if x.forward_s + x.backward_s > 0]
         src_time = sum(x.forward_s + x.backward_s for x in layers)
         if not layers or src_time <= 0 or not any(x.flops > 0 for x in layers):
@@ -313,7 +346,13 @@ class PerformanceModel:
         for x in layers:
             # a layer's outputs are written in forward and read twice in backward
             scale = layer_time_ratio(
-                x.flops, 3 * x.activation_bytes, x.module_type, src, target, precision
+                x.flops,
+                3 * x.activation_bytes,
+                x.module_type,
+                src,
+                target,
+                precision,
+                tf32=layer_allows_tf32(x.module_type, env.matmul_tf32, env.cudnn_tf32),
             )
             new_time += (x.forward_s + x.backward_s) * (whole if scale is None else scale)
         return new_time / src_time

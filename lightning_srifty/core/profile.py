@@ -21,6 +21,14 @@ from lightning_srifty.core.validate import Reader, check_version
 PROFILE_SCHEMA_VERSION = 1
 PROFILE_KINDS = ("detailed", "coarse")
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true", "tf32")
+FLOAT32_MATMUL_PRECISIONS = ("highest", "high", "medium")
+"""Values of ``torch.get_float32_matmul_precision()``: ``"highest"`` multiplies float32
+matrices at the full FP32 rate, ``"high"`` lets cuBLAS use TF32 tensor cores and
+``"medium"`` allows bfloat16 internally where a backend has it (CUDA matmuls run it as
+TF32, so the model prices it at the TF32 rate)."""
+_TF32_DEFAULT_OFF_FROM = (1, 12)
+"""PyTorch release whose default turned TF32 matmuls off (1.12: ``allow_tf32 = False``,
+``float32_matmul_precision = "highest"``); earlier releases used TF32 on Ampere."""
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,39 @@ class Environment:
     region: str | None = None
     accumulate_grad_batches: int = 1
     """Micro-batches of ``local_batch_size`` per optimizer step; a step is one of those."""
+    float32_matmul_precision: str | None = None
+    """``torch.get_float32_matmul_precision()`` during the run (one of
+    :data:`FLOAT32_MATMUL_PRECISIONS`); ``None`` where the profile did not record it.
+    Decides whether a ``32-true`` job's matrix products run at the TF32 or the FP32 rate
+    on Ampere and later, a factor of 7 on an H100. The launched job runs the same script,
+    so the setting holds on every target, whatever GPU (or CPU) profiled it."""
+    cudnn_allow_tf32: bool | None = None
+    """``torch.backends.cudnn.allow_tf32`` during the run (cuDNN's convolutions and
+    RNNs); ``None`` where the profile did not record it."""
 
     @property
     def step_batch_size(self) -> int:
         """Samples one device processes per optimizer step (micro-batch × accumulation)."""
         return self.local_batch_size * self.accumulate_grad_batches
+
+    @property
+    def matmul_tf32(self) -> bool:
+        """Whether float32 matrix products (cuBLAS: Linear, attention) may use TF32.
+
+        A profile that did not record the setting gets the default of the PyTorch that
+        took it: off from 1.12 on, on before (and where no version was recorded, as in
+        the traces' coarse profiles, whose era ran TF32).
+        """
+        if self.float32_matmul_precision is not None:
+            return self.float32_matmul_precision != "highest"
+        release = _release(self.torch_version)
+        return release is None or release < _TF32_DEFAULT_OFF_FROM
+
+    @property
+    def cudnn_tf32(self) -> bool:
+        """Whether cuDNN's float32 convolutions and RNNs may use TF32 (PyTorch's default,
+        in every release since TF32 existed, is on)."""
+        return True if self.cudnn_allow_tf32 is None else self.cudnn_allow_tf32
 
     @staticmethod
     def from_reader(r: Reader) -> Environment:
@@ -63,7 +99,29 @@ class Environment:
             instance_type=r.str("instance_type", None),
             region=r.str("region", None),
             accumulate_grad_batches=r.int("accumulate_grad_batches", 1, minimum=1),
+            float32_matmul_precision=(
+                None
+                if r.raw("float32_matmul_precision", None) is None
+                else r.choice("float32_matmul_precision", FLOAT32_MATMUL_PRECISIONS)
+            ),
+            cudnn_allow_tf32=(
+                None if r.raw("cudnn_allow_tf32", None) is None else r.bool("cudnn_allow_tf32")
+            ),
         )
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string such as ``"2.13.0+cpu"``; ``None`` if it
+    does not start with two numbers."""
+    parts = version.split(".")
+    if len(parts) < 2 or not parts[0].isdigit():
+        return None
+    minor = ""
+    for ch in parts[1]:
+        if not ch.isdigit():
+            break
+        minor += ch
+    return (int(parts[0]), int(minor)) if minor else None
 
 
 @dataclass(frozen=True)

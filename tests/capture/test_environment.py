@@ -1,26 +1,36 @@
-"""Accelerator names, SkyPilot's cluster info and the EC2 metadata service."""
+"""Accelerator names, SkyPilot's cluster info, the EC2 metadata service and the float32
+math mode."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 
+import lightning.pytorch as pl
 import pytest
+import torch
 
+from lightning_srifty import SriftyCallback
 from lightning_srifty.capture.environment import (
+    Float32Math,
     Placement,
     accelerator_from_device_name,
     detect_placement,
+    float32_math,
     query_imds,
     region_from_skypilot,
 )
 from lightning_srifty.capture.imds import is_ec2
+from lightning_srifty.io.profile_io import load_profile
 from tests.fakes import FakeImds, serve_fake_imds, silent_endpoint
 
 GIB = 2**30
@@ -183,3 +193,78 @@ def test_silent_metadata_service_times_out() -> None:
         placement = query_imds(endpoint, timeout_s=0.2)
     assert placement == Placement()
     assert time.perf_counter() - started < 2.0  # two tries of 0.2 s, not a hang
+
+
+@pytest.fixture
+def restore_float32_math() -> Iterator[None]:
+    """Puts PyTorch's legacy float32 settings back (tests set them process-wide)."""
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    yield
+    torch.set_float32_matmul_precision(matmul)
+    torch.backends.cudnn.allow_tf32 = cudnn
+
+
+@pytest.mark.usefixtures("restore_float32_math")
+def test_float32_math_reads_the_legacy_settings() -> None:
+    assert float32_math() == Float32Math("highest", True)  # PyTorch's defaults
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = False
+    assert float32_math() == Float32Math("high", False)
+    torch.set_float32_matmul_precision("medium")
+    assert float32_math().matmul_precision == "medium"
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ('torch.backends.cuda.matmul.fp32_precision = "tf32"', ("high", True)),
+        ('torch.backends.fp32_precision = "tf32"', ("high", True)),
+        ('torch.backends.cudnn.conv.fp32_precision = "ieee"', ("highest", False)),
+    ],
+)
+def test_float32_math_reads_pytorchs_new_api_where_the_legacy_getters_refuse(
+    setting: str, expected: tuple[str, bool]
+) -> None:
+    """PyTorch 2.9+ raises from ``get_float32_matmul_precision`` once a script set the
+    new ``fp32_precision`` attributes; capture reads those instead. A fresh interpreter,
+    because that state cannot be undone in this one."""
+    code = (
+        f"import torch\n{setting}\n"
+        "from lightning_srifty.capture.environment import float32_math\n"
+        "m = float32_math()\nprint(m.matmul_precision, m.cudnn_allow_tf32)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    matmul, cudnn = out.stdout.split()
+    assert (matmul, cudnn == "True") == expected
+
+
+@pytest.mark.usefixtures("restore_float32_math")
+@pytest.mark.parametrize("matmul", ["highest", "high"])
+def test_a_trainer_profile_records_the_float32_math_mode(
+    digits: ModuleType, tmp_path: Path, matmul: str
+) -> None:
+    """A real Trainer on CPU: the profile records the setting the script ran with,
+    though a CPU ignores it, because the GPU the plan rents will not."""
+    torch.set_float32_matmul_precision(matmul)
+    callback = SriftyCallback(warmup_steps=1, profile_steps=3, verbose=False)
+    pl.Trainer(
+        max_steps=6,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        callbacks=[callback],
+    ).fit(digits.DigitsModule(hidden=32), datamodule=digits.DigitsDataModule(batch_size=32))
+    env = load_profile(tmp_path / "srifty" / "profile.json").environment
+    assert env.float32_matmul_precision == matmul
+    assert env.cudnn_allow_tf32 is True
+    assert env.matmul_tf32 is (matmul != "highest")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -84,3 +85,52 @@ def test_step_points_fall_back_to_profiled_step() -> None:
     (point,) = p.step_points()
     assert point.local_batch_size == 32
     assert point.step_s == pytest.approx(0.2)
+
+
+def test_an_old_profile_without_the_math_mode_loads_with_its_releases_defaults() -> None:
+    """Profiles written before the float32 math mode was recorded still load; the mode
+    is then PyTorch's default for the release that took them (TF32 matmuls off from
+    1.12, cuDNN TF32 always on by default)."""
+    d = coarse_profile().to_dict()
+    for key in ("float32_matmul_precision", "cudnn_allow_tf32"):
+        del d["environment"][key]
+    env = Profile.from_dict(d).environment
+    assert (env.float32_matmul_precision, env.cudnn_allow_tf32) == (None, None)
+    assert env.matmul_tf32 is False and env.cudnn_tf32 is True
+    d["environment"]["torch_version"] = "1.11.0+cu113"
+    assert Profile.from_dict(d).environment.matmul_tf32 is True
+    d["environment"]["torch_version"] = ""  # a coarse profile assembled from totals
+    assert Profile.from_dict(d).environment.matmul_tf32 is True
+
+
+@pytest.mark.parametrize(
+    ("matmul", "cudnn", "expected"),
+    [
+        ("highest", True, (False, True)),
+        ("high", False, (True, False)),
+        ("medium", True, (True, True)),
+    ],
+)
+def test_the_recorded_math_mode_round_trips_and_decides_tf32(
+    matmul: str, cudnn: bool, expected: tuple[bool, bool]
+) -> None:
+    p = coarse_profile()
+    p = dataclasses.replace(
+        p,
+        environment=dataclasses.replace(
+            p.environment, float32_matmul_precision=matmul, cudnn_allow_tf32=cudnn
+        ),
+    )
+    again = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
+    assert again == p
+    assert (again.environment.matmul_tf32, again.environment.cudnn_tf32) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("float32_matmul_precision", "fast"), ("cudnn_allow_tf32", "yes")]
+)
+def test_a_bad_math_mode_names_the_field(field: str, value: str) -> None:
+    d = coarse_profile().to_dict()
+    d["environment"][field] = value
+    with pytest.raises(ProfileError, match=field):
+        Profile.from_dict(d, source="p.json")

@@ -165,6 +165,17 @@ def test_coarse_profile_uses_only_single_gpu_rows(shared_data: Path) -> None:
     assert profile.batch_points[0].compute_s == pytest.approx(first.step_time - first.sync_time)
 
 
+def test_a_trace_profile_ran_tf32_as_its_pytorch_did(shared_data: Path) -> None:
+    """The traces' PyTorch (< 1.12) let matmuls and cuDNN use TF32 on Ampere: the
+    dgx-ext A100 runs BERT at about 4.6 ms a sample, out of reach at the FP32 rate."""
+    traces = load_traces(shared_data / "sia-traces" / "dgx-ext", models=["bert"])
+    profile = coarse_profile(traces.models["bert"], traces.single_gpu_rows("bert"), traces.hardware)
+    env = profile.environment
+    assert traces.hardware.gpu.startswith("A100")
+    assert (env.float32_matmul_precision, env.cudnn_allow_tf32) == ("high", True)
+    assert env.matmul_tf32 and env.cudnn_tf32
+
+
 def test_roughness_is_zero_on_a_line_and_grows_with_scatter() -> None:
     def points(times: list[float]) -> list[BatchPoint]:
         return [BatchPoint(b, t, t) for b, t in zip((4, 8, 16, 32, 64), times, strict=False)]

@@ -19,7 +19,14 @@ H100 row: the Lambda table fits Hopper's tensor utilisation, nothing else. Three
    sample on a T4 against 0.1 ms of H100 compute here; utterance length unknown).
 3. **H100 profile -> traces**: the detailed H100 profile (the user's path: profile
    where you are, plan elsewhere) predicting the one-GPU step and slope on the T4, the
-   A100 and the Quadro RTX 6000, against the traces.
+   A100 and the Quadro RTX 6000, against the traces. These profiles predate the
+   recorded float32 math mode; they ran with TF32 matmuls on (``lightning.json``) and are
+   read so.
+4. **TF32 off / on on the H100**: the measured per-sample slope with TF32 off (today's
+   PyTorch default for matmuls; ``measure_jobs.py`` turns cuDNN's off too) over on,
+   beside the model's: per layer from the H100 profile, and whole-step from the traces'
+   coarse profiles of GPUs without TF32 (T4, Quadro RTX 6000), where the setting leaves
+   the source untouched.
 
 Prints figures only; no target is asserted (issue 17 judges the model on kept-aside
 sets). Skips with a reason where ``../shared/data`` or the results are absent.
@@ -30,6 +37,7 @@ sets). Skips with a reason where ``../shared/data`` or the results are absent.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -40,6 +48,7 @@ import numpy as np
 
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.perfmodel import PerformanceModel
+from lightning_srifty.core.profile import Profile
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
 from lightning_srifty.io.profile_io import load_profile
@@ -50,6 +59,23 @@ DEFAULT_ROOT = HERE.parents[1] / "shared" / "data"
 DEFAULT_RESULTS = HERE / "gpu" / "h100-2026-11-27"
 KINDS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
 JUDGED = ("cifar10", "imagenet", "bert")
+
+
+def with_math(profile: Profile, matmul: str, cudnn: bool) -> Profile:
+    """``profile`` as if run with this float32 matmul precision and cuDNN TF32 flag."""
+    env = dataclasses.replace(
+        profile.environment, float32_matmul_precision=matmul, cudnn_allow_tf32=cudnn
+    )
+    return dataclasses.replace(profile, environment=env)
+
+
+def h100_profile(path: Path) -> Profile:
+    """A profile ``measure_jobs.py`` wrote, read with the math mode it ran (TF32 matmuls
+    on; cuDNN at its default, on) where it predates the recorded mode."""
+    profile = load_profile(path)
+    if profile.environment.float32_matmul_precision is None:
+        return with_math(profile, "high", True)
+    return profile
 
 
 def slope(points: dict[int, float]) -> float:
@@ -136,7 +162,7 @@ def h100_to_traces(model: PerformanceModel, sets: dict[str, TraceSet], results: 
         path = results / f"profile-{job}.json"
         if not path.exists():
             continue
-        profile = load_profile(path)
+        profile = h100_profile(path)
         batch = profile.environment.local_batch_size
         for traces in sets.values():
             steps = trace_steps(traces, job)
@@ -160,6 +186,61 @@ def h100_to_traces(model: PerformanceModel, sets: dict[str, TraceSet], results: 
         )
 
 
+def tf32_off_over_on(model: PerformanceModel, sets: dict[str, TraceSet], results: Path) -> None:
+    measured = json.loads((results / "steps.json").read_text())
+    rows: dict[tuple[str, str], dict[int, float]] = {}
+    for r in measured["rows"]:
+        rows.setdefault((r["job"], r["math"]), {})[r["local_bsz"]] = r["step_s"]
+    p5 = next(o for o in load_catalog("bundled").offers if o.instance_type == "p5.48xlarge")
+    h100 = Cluster((ClusterGroup(p5, 1, 1),))
+    specs = model.gpu_specs
+    print("== 4. TF32 off / on, one H100: per-sample slope ratio, measured and modelled")
+    print(f"{'job':12s} {'measured':>8s} {'model from':34s} {'model':>6s}")
+    for job in ("bert", "cifar10"):
+        if (job, "fp32") not in rows or (job, "tf32") not in rows:
+            continue
+        real = slope(rows[(job, "fp32")]) / slope(rows[(job, "tf32")])
+        lines = []
+        path = results / f"profile-{job}.json"
+        if path.exists():
+            # The H100 profile's own GPU gives ratio 1 by construction; a T4 (no TF32:
+            # its time does not depend on the setting) is the reference instead:
+            # H100_off / H100_on = (T4 / H100_on) / (T4 / H100_off).
+            on = model.compute_ratio(with_math(h100_profile(path), "high", True), "T4")
+            off = model.compute_ratio(with_math(h100_profile(path), "highest", False), "T4")
+            if on is not None and off is not None:
+                lines.append(("H100 profile, per layer", on / off))
+        for traces in sets.values():
+            spec = specs.get(traces.hardware.gpu)
+            if spec is None or spec.tf32_tflops != spec.fp32_tflops:
+                continue  # an Ampere source would change with the setting too
+            profile = coarse_profile(
+                traces.models[job], traces.single_gpu_rows(job), traces.hardware
+            )
+            batches = rows[(job, "tf32")]
+            predicted = {
+                mode: slope(
+                    {
+                        b: model.predict(with_math(profile, *mode), h100, local_batch=b).step_s
+                        for b in batches
+                    }
+                )
+                for mode in (("high", True), ("highest", False))
+            }
+            lines.append(
+                (f"{traces.hardware.gpu} trace, whole step",
+                 predicted[("highest", False)] / predicted[("high", True)])
+            )  # fmt: skip
+        for k, (source, ratio) in enumerate(lines):
+            head = f"{job:12s} {real:8.2f}" if k == 0 else " " * 21
+            print(f"{head} {source:34s} {ratio:6.2f}")
+    h = specs["H100"]
+    print(
+        f"   datasheet bound for pure matrix products: TF32/FP32 peak = "
+        f"{h.tf32_tflops:g}/{h.fp32_tflops:g} = {h.tf32_tflops / h.fp32_tflops:.2f}\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--data-root", type=Path, default=DEFAULT_ROOT)
@@ -176,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = {k: load_traces(args.data_root / k) for k in KINDS}
     traces_to_h100(model, sets, args.results)
     h100_to_traces(model, sets, args.results)
+    tf32_off_over_on(model, sets, args.results)
     return 0
 
 

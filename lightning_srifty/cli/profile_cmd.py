@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from lightning_srifty.core.catalog import precision_kind
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.profile import Profile
 
@@ -89,6 +90,8 @@ def _print_summary(profile: Profile, source: str, top: int) -> None:
         f"in {env.region or '-'}, torch {env.torch_version}, lightning {env.lightning_version}",
         markup=False,
     )
+    if precision_kind(env.precision) == "fp32":
+        console.print(float32_math_line(profile), markup=False)
     console.print(
         f"step {_ms(steps.step.mean_s)} mean, {_ms(steps.step.p50_s)} p50, "
         f"{_ms(steps.step.p90_s)} p90 over {steps.measured_steps} steps "
@@ -174,3 +177,20 @@ def _print_summary(profile: Profile, source: str, top: int) -> None:
             ],
             right=columns,
         )
+
+
+def float32_math_line(profile: Profile) -> str:
+    """What a float32 job's matrix products run on Ampere and later, and how to change
+    it: the setting moves an H100 step by up to 7x and is planned as recorded."""
+    env = profile.environment
+    recorded = env.float32_matmul_precision
+    matmul = f"float32_matmul_precision {recorded!r}" if recorded else "not recorded"
+    cudnn = "not recorded" if env.cudnn_allow_tf32 is None else str(env.cudnn_allow_tf32)
+    line = (
+        f"float32 math: matmuls {'TF32' if env.matmul_tf32 else 'FP32'} ({matmul}), "
+        f"convolutions/RNNs {'TF32' if env.cudnn_tf32 else 'FP32'} "
+        f"(cudnn.allow_tf32 {cudnn}); planned so on Ampere and later"
+    )
+    if not env.matmul_tf32:
+        line += '; torch.set_float32_matmul_precision("high") in the script allows TF32'
+    return line

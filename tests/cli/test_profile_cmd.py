@@ -120,3 +120,16 @@ def test_negative_top_is_a_flag_error(
 ) -> None:
     assert main(["profile", "show", str(profile_path), "--top", "-1"]) != 0
     assert "--top" in capsys.readouterr().err
+
+
+def test_show_says_which_float32_math_the_plan_assumes(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The digits run left PyTorch's default: FP32 matmuls, with the one call that
+    would let an Ampere or Hopper target use TF32."""
+    assert main(["profile", "show", str(profile_path)]) == 0
+    flat = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    line = flat.split("float32 math: ")[1].split(" step ")[0]
+    assert "matmuls FP32 (float32_matmul_precision 'highest')" in line
+    assert "convolutions/RNNs TF32" in line
+    assert 'set_float32_matmul_precision("high")' in line

@@ -184,7 +184,11 @@ def float32_math_line(profile: Profile) -> str:
     it: the setting moves an H100 step by up to 7x and is planned as recorded."""
     env = profile.environment
     recorded = env.float32_matmul_precision
-    matmul = f"float32_matmul_precision {recorded!r}" if recorded else "not recorded"
+    matmul = (
+        f"float32_matmul_precision {recorded!r}"
+        if recorded
+        else f"not recorded: torch {env.torch_version or '?'}'s default"
+    )
     cudnn = "not recorded" if env.cudnn_allow_tf32 is None else str(env.cudnn_allow_tf32)
     line = (
         f"float32 math: matmuls {'TF32' if env.matmul_tf32 else 'FP32'} ({matmul}), "

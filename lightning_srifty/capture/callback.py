@@ -32,9 +32,10 @@ checkpoints is a batch of the training loop, whatever the optimisation.
 Marks come from a clock: ``time.perf_counter`` on CPU, CUDA events on GPU resolved with
 one synchronise per measured step, never per layer. After the window every module and
 parameter hook is removed; the DDP hook (which torch cannot remove) turns pass-through.
-Then ``clean_steps`` more steps are timed with no hook at all, and the window's compute
-is scaled to them (:func:`~lightning_srifty.capture.timing.hook_overhead_scale`): the
-hooks' host time is the profiler's, not the job's. FLOPs are counted under
+The warm-up steps after the first and before the FLOP count run with no hook at all and
+are timed too; the window's compute is scaled to them
+(:func:`~lightning_srifty.capture.timing.hook_overhead_scale`): the hooks' host time is
+the profiler's, not the job's. FLOPs are counted under
 :class:`~lightning_srifty.capture.flops.DeviceTolerantFlopCounter`, which keeps a step
 that trains without the counter training with it.
 Every rank measures; rank zero gathers all ranks and writes the profile.
@@ -175,15 +176,14 @@ class SriftyCallback(pl.Callback):
     """Profiles a window of training steps and writes ``profile.json`` on rank zero.
 
     Args:
-        warmup_steps: Steps skipped before measuring (at least one is used: the FLOP
-            count runs on the last warm-up step).
+        warmup_steps: Steps before the window (at least one: the FLOP count runs on
+            the last). Those after the first and before the last are timed with no hook
+            at all: per-layer hooks cost host time that on a GPU stretched a step of
+            many short layers up to 2.4x, so the profile keeps the window's per-layer
+            and per-phase shares and takes its compute time from them (3 of the default
+            5; fewer than 3 warm-up steps keep the hooked times).
         profile_steps: Steps measured. Ignored when ``profile_epochs`` is set.
         profile_epochs: Measure until this many epochs have ended after warm-up.
-        clean_steps: Steps timed after the window with every hook removed. The
-            per-layer hooks cost host time, which on a GPU can stretch a step of many
-            short layers several-fold; the profile keeps the window's per-layer and
-            per-phase shares but takes its compute time from these steps, so a plan
-            prices the run as it will train. 0 keeps the hooked times.
         profile_path: Where to write; ``SRIFTY_PROFILE_PATH`` overrides it (the launcher
             sets it); default ``<default_root_dir>/srifty/profile.json``.
         env: Environment variables to read (default ``os.environ``); injectable so
@@ -199,7 +199,6 @@ class SriftyCallback(pl.Callback):
         profile_path: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         verbose: bool = True,
-        clean_steps: int = 10,
     ) -> None:
         if warmup_steps < 0:
             raise ConfigError(f"SriftyCallback: warmup_steps must be >= 0, got {warmup_steps}")
@@ -207,10 +206,7 @@ class SriftyCallback(pl.Callback):
             raise ConfigError(f"SriftyCallback: profile_steps must be >= 1, got {profile_steps}")
         if profile_epochs is not None and profile_epochs < 1:
             raise ConfigError(f"SriftyCallback: profile_epochs must be >= 1, got {profile_epochs}")
-        if clean_steps < 0:
-            raise ConfigError(f"SriftyCallback: clean_steps must be >= 0, got {clean_steps}")
         self.warmup_steps = max(warmup_steps, 1)
-        self.clean_steps = clean_steps
         self.profile_steps = profile_steps
         self.profile_epochs = profile_epochs
         self._env = dict(os.environ if env is None else env)
@@ -308,8 +304,6 @@ class SriftyCallback(pl.Callback):
         """Lightning's optimizer steps in the hooked window (set when it ends)."""
         self._hooked_spans: list[float] = []
         """Each measured step's span from its first batch start to its end (hooked)."""
-        self._cleaning = False
-        """The window is measured and its hooks are gone: timing the hook-free steps."""
         self._clean_start: Any = None
         self._clean_marks: list[tuple[Any, Any]] = []
 
@@ -356,18 +350,15 @@ class SriftyCallback(pl.Callback):
             self._session.exit_if_preempted()
         if self.profiled:
             return
-        if self._cleaning:
-            if self._micro_in_step == 0:
-                self._global_step_at_start = int(trainer.global_step)
-                self._clean_start = self._clock.mark()
-            self._micro_in_step += 1
-            return
         now = time.perf_counter()
         data_wait = now - self._last_end_host if self._last_end_host is not None else 0.0
         if self._micro_in_step == 0:
             # The first micro-batch of an optimizer update: warm-up, FLOPs and window
             # boundaries are counted in updates, whatever the accumulation.
             self._global_step_at_start = int(trainer.global_step)
+            if 1 <= self._seen_steps <= self.warmup_steps - 2:
+                # Warm (not the first step) and hook-free (not the FLOP count's step).
+                self._clean_start = self._clock.mark()
             if self._seen_steps == self.warmup_steps - 1:
                 self._flop_mode = DeviceTolerantFlopCounter(display=False)
                 self._flop_mode.__enter__()
@@ -431,14 +422,9 @@ class SriftyCallback(pl.Callback):
             int(trainer.accumulate_grad_batches) <= 1
             or int(trainer.global_step) > self._global_step_at_start
         )
-        if self._cleaning:
-            if stepped and self._clean_start is not None:
-                self._clean_marks.append((self._clean_start, self._clock.mark()))
-                self._clean_start = None
-                self._micro_in_step = 0
-                if len(self._clean_marks) >= self.clean_steps:
-                    self._write_profile(trainer, pl_module)
-            return
+        if stepped and self._clean_start is not None:
+            self._clean_marks.append((self._clean_start, self._clock.mark()))
+            self._clean_start = None
         self._last_end_host = time.perf_counter()
         if self._compute_from is not None:
             cpu0, wall0 = self._compute_from
@@ -475,9 +461,7 @@ class SriftyCallback(pl.Callback):
         """Training ended inside the window: keep what was measured rather than nothing."""
         self._stop_flop_count(pl_module)
         if self._measuring:
-            self._end_window(trainer, pl_module, training_over=True)
-        if self._cleaning:
-            self._write_profile(trainer, pl_module)
+            self._end_window(trainer, pl_module)
         state_dir = self._env.get(ENV_STATE_DIR)
         if state_dir and self.written_path is None and trainer.is_global_zero:
             (Path(state_dir) / SHORT_PROFILE_MARKER).write_text(self._too_short(trainer) + "\n")
@@ -719,25 +703,14 @@ class SriftyCallback(pl.Callback):
             display={n: (n or root) for n in names},
         )
 
-    def _end_window(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, training_over: bool = False
-    ) -> None:
-        """The hooked window is measured: remove the hooks, then time clean steps."""
+    def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Builds the profile from every rank's window, timed as the run trains."""
         self._window_updates = int(trainer.global_step) - self._window_global_step
         self._host_share = self._measured_host_share(pl_module)
         self._remove_hooks()
         self._measuring = False
         if pl_module.device.type == "cuda":
             self._peak_bytes = int(torch.cuda.max_memory_allocated(pl_module.device))
-        if self.clean_steps > 0 and not training_over:
-            self._cleaning = True
-            self._micro_in_step = 0
-            return
-        self._write_profile(trainer, pl_module)
-
-    def _write_profile(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Builds the profile from every rank's window, timed as the run trains."""
-        self._cleaning = False
         self.profiled = True
         self._clock.sync()
         clean = [self._clock.seconds(a, b) for a, b in self._clean_marks]

@@ -184,7 +184,7 @@ class ModelFacts:
     """A CPU profile's share of a core while computing (``cpu_share``) and its intra-op
     threads (``intra_op_threads``); ``None`` on GPUs."""
     hooks: dict[str, float] | None = None
-    """The hooked window against the hook-free steps after it (:func:`hook_overhead_scale`)."""
+    """The hooked window against the hook-free warm-up steps (:func:`hook_overhead_scale`)."""
 
 
 def ancestors(name: str) -> list[str]:
@@ -427,7 +427,7 @@ def hook_overhead_scale(hooked_spans: Sequence[float], clean_spans: Sequence[flo
     per cent; on a GPU the host issues the kernels, so a model of many short layers
     becomes host-bound under the hooks (a ResNet-18 step on an H100 took 25 ms hooked
     against 9 ms plain). The window therefore keeps its per-layer and per-phase shares
-    but takes its length from steps timed after the hooks are gone: the ratio of the
+    but takes its length from warm-up steps timed with no hook: the ratio of the
     median spans (batch start to batch end, data waits out). Hooks only add time, so
     the ratio never exceeds 1; without spans on either side it is 1.
     """

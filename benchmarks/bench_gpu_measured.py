@@ -49,6 +49,7 @@ import numpy as np
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.core.profile import Profile
+from lightning_srifty.fit.validation import single_gpu_steps
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
 from lightning_srifty.io.profile_io import load_profile
@@ -84,13 +85,6 @@ def slope(points: dict[int, float]) -> float:
     steps = np.array([points[int(b)] for b in batches])
     design = np.vstack([np.ones_like(batches), batches]).T
     return float(np.linalg.lstsq(design, steps, rcond=None)[0][1])
-
-
-def trace_steps(traces: TraceSet, job: str) -> dict[int, float]:
-    by: dict[int, list[float]] = {}
-    for row in traces.single_gpu_rows(job):
-        by.setdefault(row.local_bsz, []).append(row.step_time)
-    return {b: float(np.mean(v)) for b, v in by.items()}
 
 
 def capture(results: Path) -> None:
@@ -165,7 +159,7 @@ def h100_to_traces(model: PerformanceModel, sets: dict[str, TraceSet], results: 
         profile = h100_profile(path)
         batch = profile.environment.local_batch_size
         for traces in sets.values():
-            steps = trace_steps(traces, job)
+            steps = single_gpu_steps(traces, job)
             if batch not in steps:
                 continue
             cluster = Cluster((ClusterGroup(traces.hardware.offer(), 1, 1),))

@@ -8,6 +8,7 @@ with ``all_gather_object`` and rank zero can build one :class:`Profile`.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -431,11 +432,11 @@ def hook_overhead_scale(hooked_spans: Sequence[float], clean_spans: Sequence[flo
     median spans (batch start to batch end, data waits out). Hooks only add time, so
     the ratio never exceeds 1; without spans on either side it is 1.
     """
-    hooked = sorted(s for s in hooked_spans if s > 0)
-    clean = sorted(s for s in clean_spans if s > 0)
+    hooked = [s for s in hooked_spans if s > 0]
+    clean = [s for s in clean_spans if s > 0]
     if not hooked or not clean:
         return 1.0
-    return min(_median(clean) / _median(hooked), 1.0)
+    return min(statistics.median(clean) / statistics.median(hooked), 1.0)
 
 
 def without_hook_overhead(measurement: RankMeasurement, scale: float) -> RankMeasurement:
@@ -475,12 +476,6 @@ def without_hook_overhead(measurement: RankMeasurement, scale: float) -> RankMea
         buckets=buckets,
         peak_memory_bytes=measurement.peak_memory_bytes,
     )
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _mean(values: Sequence[float]) -> float:

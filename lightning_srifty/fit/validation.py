@@ -289,7 +289,7 @@ def summarise(results: Sequence[HeldOutResult], protocol: str) -> dict[str, Any]
     }
 
 
-def _single_gpu_steps(traces: TraceSet, model: str) -> dict[int, float]:
+def single_gpu_steps(traces: TraceSet, model: str) -> dict[int, float]:
     """Mean measured one-GPU step per local batch."""
     by: dict[int, list[float]] = {}
     for r in traces.single_gpu_rows(model):
@@ -309,8 +309,8 @@ def single_gpu_transfer(
         if job not in target.rows:
             continue
         profile = coarse_profile(source.models[job], source.single_gpu_rows(job), source.hardware)
-        measured = _single_gpu_steps(target, job)
-        lo, hi = min(_single_gpu_steps(source, job)), max(_single_gpu_steps(source, job))
+        measured = single_gpu_steps(target, job)
+        lo, hi = min(single_gpu_steps(source, job)), max(single_gpu_steps(source, job))
         errors = [
             abs(model.predict(profile, cluster, local_batch=batch).step_s - step) / step
             for batch, step in sorted(measured.items())

@@ -300,8 +300,6 @@ class SriftyCallback(pl.Callback):
         """This step's module calls: ``[name, parent index, start mark, end mark]``."""
         self._stack: list[int] = []
         self._end_mark: Any = None
-        self._window_updates = 0
-        """Lightning's optimizer steps in the hooked window (set when it ends)."""
         self._hooked_spans: list[float] = []
         """Each measured step's span from its first batch start to its end (hooked)."""
         self._clean_start: Any = None
@@ -705,7 +703,6 @@ class SriftyCallback(pl.Callback):
 
     def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Builds the profile from every rank's window, timed as the run trains."""
-        self._window_updates = int(trainer.global_step) - self._window_global_step
         self._host_share = self._measured_host_share(pl_module)
         self._remove_hooks()
         self._measuring = False
@@ -839,7 +836,7 @@ class SriftyCallback(pl.Callback):
             trainer_limits=_trainer_limits(
                 trainer,
                 micro,
-                self._window_updates,
+                int(trainer.global_step) - self._window_global_step,
                 sum(self._micro_counts),
             ),  # fmt: skip
             script=facts_for(trainer),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +99,51 @@ def test_layer_times_are_a_sane_fraction_of_the_step(profiled_run: dict[str, Any
     step = profile.steps
     assert step.forward_s + step.backward_s + step.optimizer_s < step.step.mean_s * 1.01
     assert step.step.p50_s <= step.step.p90_s
+
+
+def test_a_full_collection_the_process_has_due_runs_before_the_window(
+    digits: ModuleType, tmp_path: Path
+) -> None:
+    """The process reaches the window with an oldest-generation collection due.
+
+    The model keeps 300 000 new objects from the last warm-up step with collection off,
+    as a long-running process accumulates them, and turns collection back on in the
+    window's first step; low thresholds then make Python run the full collection within
+    a few hundred allocations (CPython's ``gc_collect_generations``: generation 2 once
+    its count passes the threshold and pending objects exceed a quarter of the old).
+    """
+    warmup = 3
+    full_collections: list[bool] = []  # whether each one ran inside the window
+    callback = SriftyCallback(warmup_steps=warmup, profile_steps=4, verbose=False)
+
+    class Hoarding(digits.DigitsModule):  # type: ignore[misc, name-defined]
+        hoard: list[list[int]] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if self.global_step == warmup - 1:
+                gc.disable()
+                self.hoard = [[] for _ in range(300_000)]
+            if self.global_step == warmup:
+                gc.enable()
+            return super().training_step(batch, batch_idx)
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full_collections.append(callback._measuring)
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(50, 1, 1)
+    gc.callbacks.append(on_gc)
+    try:
+        _trainer(tmp_path, callback, max_steps=warmup + 4).fit(
+            Hoarding(hidden=HIDDEN), datamodule=digits.DigitsDataModule(batch_size=BATCH)
+        )
+    finally:
+        gc.callbacks.remove(on_gc)
+        gc.set_threshold(*thresholds)
+        gc.enable()
+    assert callback.profile is not None
+    assert full_collections and not any(full_collections)
 
 
 def test_gradient_bytes_equal_parameter_sizes(profiled_run: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ hand-edited file never reaches the model as nonsense.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -110,18 +111,14 @@ class Environment:
         )
 
 
+_MAJOR_MINOR = re.compile(r"(\d+)\.(\d+)")
+
+
 def _release(version: str) -> tuple[int, int] | None:
     """``(major, minor)`` of a version string such as ``"2.13.0+cpu"``; ``None`` if it
     does not start with two numbers."""
-    parts = version.split(".")
-    if len(parts) < 2 or not parts[0].isdigit():
-        return None
-    minor = ""
-    for ch in parts[1]:
-        if not ch.isdigit():
-            break
-        minor += ch
-    return (int(parts[0]), int(minor)) if minor else None
+    match = _MAJOR_MINOR.match(version)
+    return (int(match[1]), int(match[2])) if match else None
 
 
 @dataclass(frozen=True)

@@ -232,9 +232,32 @@ class JobTerms:
     accelerator: str = ""
     """The GPU ``compute_scale`` applies to (empty: none; :data:`EVERY_ACCELERATOR`: all
     of them, when one measurement cannot tell the GPU's share from the job's)."""
+    measured_scales: tuple[tuple[str, float], ...] = ()
+    """``(accelerator, scale)`` for each GPU a run of the job measured (a probe, the
+    running job): there the measurement, not a transfer, sets the compute."""
+
+    def compute_scale_on(self, accelerator: str, profiled: str) -> float:
+        """The compute scale of a group on ``accelerator`` for a profile taken on
+        ``profiled``.
+
+        A GPU a run measured takes its own scale. A GPU none measured takes the job-wide
+        one (:data:`EVERY_ACCELERATOR`: a miss on one GPU type may be the job's, e.g. its
+        data loading, and must not make untried types look cheaper), except the profiled
+        GPU, whose compute the profile itself measured: a miss on other GPUs says
+        nothing about it. Terms written before per-GPU scales existed apply their
+        job-wide scale everywhere, as they did.
+        """
+        own = dict(self.measured_scales)
+        if accelerator in own:
+            return own[accelerator]
+        if self.accelerator == accelerator:
+            return self.compute_scale
+        if self.accelerator == EVERY_ACCELERATOR and (accelerator != profiled or not own):
+            return self.compute_scale
+        return 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "instance_type": self.instance_type,
             "compute_scale": self.compute_scale,
@@ -244,6 +267,9 @@ class JobTerms:
             "colocation_slowdown": self.colocation_slowdown,
             "rows": self.rows,
         }
+        if self.measured_scales:  # written only where a run measured one (older readers)
+            out["measured_scales"] = [[a, v] for a, v in self.measured_scales]
+        return out
 
     @staticmethod
     def from_reader(r: Reader) -> JobTerms:
@@ -256,11 +282,29 @@ class JobTerms:
             instance_type=r.str("instance_type", ""),
             compute_scale=r.float("compute_scale", 1.0, positive=True),
             accelerator=r.str("accelerator", ""),
+            measured_scales=_measured_scales(r),
         )
         for key in ("tail_fraction", "overlap_window"):
             if getattr(terms, key) > 1.0:
                 raise r.fail(key, f"is a share and must be in [0, 1], got {getattr(terms, key)}")
         return terms
+
+
+def _measured_scales(r: Reader) -> tuple[tuple[str, float], ...]:
+    """A job's ``measured_scales``: ``[accelerator, positive scale]`` pairs (optional)."""
+    raw = r.raw("measured_scales", [])
+    if not isinstance(raw, list) or not all(
+        isinstance(x, list)
+        and len(x) == 2
+        and isinstance(x[0], str)
+        and isinstance(x[1], (int, float))
+        and not isinstance(x[1], bool)
+        and math.isfinite(x[1])
+        and x[1] > 0
+        for x in raw
+    ):
+        raise r.fail("measured_scales", "expected a list of [accelerator, positive scale] pairs")
+    return tuple((str(a), float(v)) for a, v in raw)
 
 
 @dataclass(frozen=True)

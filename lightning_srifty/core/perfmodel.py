@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_srifty.core.calibration import (
-    EVERY_ACCELERATOR,
     Calibration,
     Correction,
     HardwareTerms,
@@ -526,12 +525,16 @@ class PerformanceModel:
             if name != profile.environment.accelerator:
                 transferred |= mask
         known = ~np.isnan(ratio) | ~present
-        if job is not None and job.accelerator and job.compute_scale != 1.0:
-            measured_on = (np.asarray(cand.accelerator) == job.accelerator) | (
-                job.accelerator == EVERY_ACCELERATOR
-            )
-            ratio = np.where(measured_on & present, ratio * job.compute_scale, ratio)
-        colocation = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
+        # measured over predicted compute, host and device alike: a run measured both
+        measured_scale = np.ones((n, width))
+        if job is not None and (job.accelerator or job.measured_scales):
+            measured = dict(job.measured_scales)
+            for name, mask in accelerators:
+                measured_scale[mask] = job.compute_scale_on(name, profile.environment.accelerator)
+                if name in measured:
+                    # a run of the job measured this GPU: its compute is no transfer
+                    transferred &= ~mask
+        colocation = measured_scale * (1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0))
         host = self.host_share(profile)
         fixed = self.fixed_host_s(profile, curve)
         device_ratio = np.nan_to_num(ratio, nan=1.0)
@@ -671,6 +674,13 @@ class PerformanceModel:
         )
         low_log = np.where(carried > 0, -np.hypot(low_log, carried), low_log)
         high_log = np.where(carried > 0, np.hypot(high_log, carried), high_log)
+        rerun = self._reruns_profile(profile, cand, world, b_int, ratio * measured_scale, present)
+        own_spread = Z90 * step_time_cv(profile)
+        if own_spread > 0 and rerun.any():
+            # what the profile measured is as sure as its own measurements, not as the
+            # multi-GPU fit's residuals
+            low_log = np.where(rerun, -own_spread, low_log)
+            high_log = np.where(rerun, own_spread, high_log)
         memory = np.where(present, static + per_sample * b_int, 0.0) / GIB
         return {
             "step": step,
@@ -689,6 +699,38 @@ class PerformanceModel:
             "intra_bw": intra_bw,
             "inter_bw": np.where(total_nodes > 1, inter_bw, np.inf),
         }
+
+    @staticmethod
+    def _reruns_profile(
+        profile: Profile,
+        cand: CandidateArrays,
+        world: np.ndarray,
+        b_int: np.ndarray,
+        ratio: np.ndarray,
+        present: np.ndarray,
+    ) -> np.ndarray:
+        """Candidates that run again what a one-process profile measured.
+
+        One process on the profiled instance type (so the same accelerator and host), at
+        a batch inside the profiled range, predicted by the profile's own curve (compute
+        ratio 1): its step is the measurement, interpolated, with no communication to
+        model. The instance type must be known on both sides: a profile from an unnamed
+        machine has its host, not a cloud VM's.
+        """
+        env = profile.environment
+        none = np.zeros(cand.size, dtype=bool)
+        if env.world_size != 1 or not env.instance_type or cand.instance_type is None:
+            return none
+        batches = [p.local_batch_size for p in profile.step_points()]
+        same = (
+            present
+            & (np.asarray(cand.accelerator) == env.accelerator)
+            & (np.asarray(cand.instance_type) == env.instance_type)
+            & np.isclose(np.nan_to_num(ratio, nan=0.0), 1.0)
+            & (b_int >= min(batches))
+            & (b_int <= max(batches))
+        )
+        return (world == 1) & _row_all(~present | same)
 
     @staticmethod
     def _transfer_sigma(

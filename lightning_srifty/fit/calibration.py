@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,7 @@ from lightning_srifty.core.calibration import (
 )
 from lightning_srifty.core.candidates import CandidateArrays
 from lightning_srifty.core.catalog import GpuSpec
+from lightning_srifty.core.cluster import Cluster
 from lightning_srifty.core.errors import CalibrationError
 from lightning_srifty.core.perfmodel import PerformanceModel, correction_features
 from lightning_srifty.core.profile import Profile
@@ -1021,27 +1022,88 @@ def refit_on_probes(
     )
 
 
+@dataclass(frozen=True)
+class ProbeRun:
+    """What one probe ran and measured, as the refit reads it."""
+
+    cluster: Cluster
+    """The cluster the probe's processes ran on (labelled with its instance type)."""
+    instance_type: str
+    """The one instance type it ran (``""`` for a mix: no one type's constants)."""
+    step_s: float
+    """Measured seconds per optimizer update, every process at the profile's batch."""
+    link: Mapping[str, float] = field(default_factory=dict)
+    """Link constants its collective-bandwidth measurement gave (may be empty)."""
+
+
+def refit_on_probe_runs(
+    calibration: Calibration,
+    profile: Profile,
+    runs: Sequence[ProbeRun],
+    gpu_specs: dict[str, GpuSpec],
+) -> Calibration:
+    """The calibration after probes, as ``srifty-launch`` replans with it: first the
+    job's own terms on every probe (a compute scale per GPU type a probe ran, its
+    co-location and overlap: :func:`~lightning_srifty.fit.refine.refit_job_on`), then
+    each probed instance type's hardware constants on its own probes
+    (:func:`refit_on_probes`), centred on the links the probes measured. Instance
+    types no probe ran on keep their constants.
+    """
+    from lightning_srifty.fit.refine import refit_job_on  # lazy: scipy
+
+    if not runs:
+        return calibration
+    name = profile.model_name or "job"
+    refitted = refit_job_on(
+        calibration, profile, [(r.cluster, r.step_s) for r in runs], gpu_specs=gpu_specs
+    )
+    env = profile.environment
+    evidence: dict[str, dict[str, float]] = {}
+    rows: dict[str, list[ProbeRun]] = {}
+    for run in runs:
+        if run.instance_type:
+            rows.setdefault(run.instance_type, []).append(run)
+            evidence.setdefault(run.instance_type, {}).update(run.link)
+    groups = [
+        FitGroup(
+            model=name,
+            profile=replace(profile, model_name=name, environment=replace(env, instance_type=kind)),
+            candidates=CandidateArrays.from_clusters([r.cluster for r in done]),
+            local_batch=np.full(len(done), env.step_batch_size, dtype=np.int64),
+            measured_s=np.asarray([r.step_s for r in done], dtype=np.float64),
+            source=kind,
+        )
+        for kind, done in rows.items()
+    ]
+    return refit_on_probes(refitted, groups, gpu_specs, evidence=evidence)
+
+
 def _clamped(values: Mapping[str, float]) -> dict[str, float]:
     """Constants held inside their physical bounds (:data:`PRIORS`)."""
     return {n: min(max(float(v), PRIORS[n].low), PRIORS[n].high) for n, v in values.items()}
 
 
 def _carry_compute(calibration: Calibration, group: FitGroup) -> FitGroup:
-    """``group`` with the compute scale a refit of its job already found."""
+    """``group`` with the compute scale a refit of its job already found for its GPU."""
     old = calibration.job(group.profile.model_name or group.model, group.instance_type)
-    if old is None or not old.accelerator or old.compute_scale == 1.0:
+    if old is None:
         return group
-    if old.accelerator not in (EVERY_ACCELERATOR, str(group.candidates.accelerator[0, 0])):
-        return group
-    return replace(group, compute_scale=old.compute_scale)
+    accelerator = str(group.candidates.accelerator[0, 0])
+    scale = old.compute_scale_on(accelerator, group.profile.environment.accelerator)
+    return group if scale == 1.0 else replace(group, compute_scale=scale)
 
 
 def _keep_compute(calibration: Calibration, terms: JobTerms) -> JobTerms:
-    """Fitted job terms that keep the compute scale of the job's old terms."""
+    """Fitted job terms that keep the compute scales of the job's old terms."""
     old = calibration.job(terms.name, terms.instance_type)
-    if old is None or not old.accelerator:
+    if old is None or not (old.accelerator or old.measured_scales):
         return terms
-    return replace(terms, compute_scale=old.compute_scale, accelerator=old.accelerator)
+    return replace(
+        terms,
+        compute_scale=old.compute_scale,
+        accelerator=old.accelerator,
+        measured_scales=old.measured_scales,
+    )
 
 
 def optional_catalog_io() -> Any:

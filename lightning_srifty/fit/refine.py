@@ -5,10 +5,12 @@ on *this* hardware. It refits the job's own terms, the way the calibration fit t
 every job (:mod:`lightning_srifty.fit.calibration`), while the hardware constants stay
 as calibrated:
 
-* ``compute_scale``: measured over predicted compute (what the roofline transfer or
-  the profile missed). One measurement on one GPU type cannot tell a GPU-specific miss
-  from a job-wide one (a slower host, data loading), so the scale holds for every GPU
-  type: an unexplained slowdown never makes the GPU types not yet tried look cheaper;
+* the compute scales: measured over predicted compute (what the roofline transfer or
+  the profile missed), one per GPU type a run measured, so a probed plan is priced at
+  what its probe ran. One GPU type's miss cannot be told from a job-wide one (a slower
+  host, data loading), so a type no run measured takes the measured types' geometric
+  mean: an unexplained slowdown never makes the GPU types not yet tried look cheaper.
+  The profiled GPU keeps the profile's measurement unless a run on it measured again;
 * ``colocation_slowdown``: how much GPUs sharing a node slow the job (its data
   loading against the host's CPUs), where the cluster has several GPUs on a node;
 * ``tail_fraction``: how much of its all-reduce backward cannot hide, where the
@@ -106,21 +108,28 @@ def refit_job_on(
     clusters = [c for c, _ in measurements]
     shared = any(max(g.gpus_per_node for g in c.groups) > 1 for c in clusters)
     communicates = any(c.world_size > 1 for c in clusters)
-    start_scale = base.compute_scale if base.accelerator else 1.0
-    same_device = all(
-        c.groups[0].offer.accelerator == profile.environment.accelerator for c in clusters
+    profiled = profile.environment.accelerator
+    gpus = list(dict.fromkeys(g.offer.accelerator for c in clusters for g in c.groups))
+    starts = np.log([base.compute_scale_on(a, profiled) for a in gpus])
+    sigmas = np.asarray(
+        [SAME_DEVICE_COMPUTE_SIGMA if a == profiled else COMPUTE_PRIOR_SIGMA for a in gpus]
     )
-    compute_sigma = SAME_DEVICE_COMPUTE_SIGMA if same_device else COMPUTE_PRIOR_SIGMA
+    kept = tuple((a, v) for a, v in base.measured_scales if a not in gpus)
 
     def terms(x: np.ndarray) -> JobTerms:
+        scales = np.exp(starts + x[: len(gpus)])
+        measured = (*kept, *zip(gpus, (float(v) for v in scales), strict=True))
+        coloc, tail = x[len(gpus) :]
         return replace(
             base,
-            compute_scale=start_scale * math.exp(float(x[0])),
+            measured_scales=measured,
+            # what a GPU no run measured takes: the measured GPUs' geometric mean
+            compute_scale=math.exp(sum(math.log(v) for _, v in measured) / len(measured)),
             accelerator=EVERY_ACCELERATOR,
-            colocation_slowdown=max(base.colocation_slowdown + float(x[1]), 0.0)
+            colocation_slowdown=max(base.colocation_slowdown + float(coloc), 0.0)
             if shared
             else base.colocation_slowdown,
-            tail_fraction=_logistic(_logit(base.tail_fraction) + float(x[2]))
+            tail_fraction=_logistic(_logit(base.tail_fraction) + float(tail))
             if communicates
             else base.tail_fraction,
         )
@@ -136,8 +145,13 @@ def refit_job_on(
             / MEASUREMENT_SIGMA
             for cluster, measured in measurements
         ]
-        priors = [x[0] / compute_sigma, x[1] / COLOCATION_PRIOR_SIGMA, x[2] / TAIL_PRIOR_SIGMA]
+        coloc, tail = x[len(gpus) :]
+        priors = [
+            *(x[: len(gpus)] / sigmas),
+            coloc / COLOCATION_PRIOR_SIGMA,
+            tail / TAIL_PRIOR_SIGMA,
+        ]
         return np.array([*misfit, *priors])
 
-    result = least_squares(residuals, np.zeros(3), xtol=1e-6, ftol=1e-8, max_nfev=200)
+    result = least_squares(residuals, np.zeros(len(gpus) + 2), xtol=1e-6, ftol=1e-8, max_nfev=200)
     return with_terms(result.x)

@@ -889,7 +889,10 @@ def probe_and_replan(
         ui.info("the probes measured nothing; planning on the profile alone")
         return result, model
     refitted = refit_on_probe_records(model, profile, records, decision.plans, local)
-    for line in _hardware_changes(model, refitted, records):
+    for line in [
+        *_compute_changes(refitted, profile),
+        *_hardware_changes(model, refitted, records),
+    ]:
         ui.info(line)
     was = result.best
     if options.pinned:
@@ -1002,64 +1005,58 @@ def refit_on_probe_records(
     plans: Sequence[Plan],
     local: LocalBackend | None,
 ) -> PerformanceModel:
-    """The model refitted on what the probes measured: first the job's own terms on every
-    probe (its compute, co-location and overlap: :func:`~lightning_srifty.fit.refine.
-    refit_job_on`), then each probed instance type's hardware constants on its own
-    probes (:func:`~lightning_srifty.fit.calibration.refit_on_probes`, the refit of
-    ``srifty validate --protocol probed``), the link's rate from the collective
-    measurement. Instance types no probe ran on keep their constants.
+    """The model refitted on what the probes measured
+    (:func:`~lightning_srifty.fit.calibration.refit_on_probe_runs`, which
+    ``benchmarks/bench_gpu_choice.py`` replays): first the job's own terms on every
+    probe (a compute scale per GPU type probed, co-location and overlap), then each
+    probed instance type's hardware constants on its own probes (the refit of ``srifty
+    validate --protocol probed``), the link's rate from the collective measurement.
+    Instance types no probe ran on keep their constants.
 
     On the local backend the processes that ran stand in for the plan's instance type:
     their measurement counts for it.
     """
-    import numpy as np
-
-    from lightning_srifty.core.candidates import CandidateArrays
-    from lightning_srifty.fit.calibration import FitGroup, refit_on_probes
-    from lightning_srifty.fit.refine import refit_job_on  # lazy: scipy
+    from lightning_srifty.fit.calibration import ProbeRun, refit_on_probe_runs  # lazy: scipy
 
     k = profile.environment.accumulate_grad_batches
-    name = profile.model_name or "job"
-    measured: list[tuple[Cluster, float]] = []
-    rows: dict[str, list[tuple[Cluster, float]]] = {}
-    evidence: dict[str, dict[str, float]] = {}
+    runs = []
     for record, p in zip(records, plans, strict=True):
         if record.measured_step_s is None:
             continue
         ran = _probe_ran(profile, p, local)
-        measured.append((ran, record.measured_step_s * k))
         kind = record.instance_type
-        if not kind:
-            continue  # a mix of types: no one instance type's constants to refit
-        rows.setdefault(kind, []).append((_as_type(ran, kind), record.measured_step_s * k))
         link = link_evidence(model, profile, ran, record.allreduce) if record.allreduce else None
-        if link is not None:
-            evidence.setdefault(kind, {}).update(link.constants)
-    calibration = refit_job_on(model.calibration, profile, measured, gpu_specs=model.gpu_specs)
-    env = profile.environment
-    groups = []
-    for kind, done in rows.items():
-        clusters = [c for c, _ in done]
-        groups.append(
-            FitGroup(
-                model=name,
-                profile=dataclasses.replace(
-                    profile,
-                    model_name=name,
-                    environment=dataclasses.replace(env, instance_type=kind),
-                ),
-                candidates=CandidateArrays.from_clusters(clusters),
-                local_batch=np.full(len(done), env.step_batch_size, dtype=np.int64),
-                measured_s=np.asarray([s for _, s in done], dtype=np.float64),
-                source=kind,
+        runs.append(
+            ProbeRun(
+                cluster=_as_type(ran, kind) if kind else ran,
+                instance_type=kind,
+                step_s=record.measured_step_s * k,
+                link=dict(link.constants) if link is not None else {},
             )
         )
-    calibration = refit_on_probes(calibration, groups, model.gpu_specs, evidence=evidence)
+    calibration = refit_on_probe_runs(model.calibration, profile, runs, model.gpu_specs)
     return PerformanceModel(model.gpu_specs, calibration)
 
 
 HARDWARE_CHANGE_SHOWN = 0.05
 """A refitted hardware constant is printed when it moved by more than this share."""
+
+
+def _compute_changes(after: PerformanceModel, profile: Profile) -> list[str]:
+    """The job's compute per GPU type the probes ran, against what was predicted there."""
+    job = after.calibration.job(profile.model_name or "job", profile.environment.instance_type)
+    if job is None or not job.measured_scales:
+        return []
+    measured = ", ".join(f"{acc} x{scale:.2f}" for acc, scale in job.measured_scales)
+    profiled = profile.environment.accelerator
+    untried = (
+        f"; GPU types no probe ran x{job.compute_scale:.2f} (the geometric mean)"
+        if job.compute_scale != 1.0
+        else ""
+    )
+    kept = "" if profiled in dict(job.measured_scales) else f"; {profiled} as profiled"
+    said = "the job's compute measured by the probes, against the prediction"
+    return [f"{said}: {measured}{untried}{kept}"]
 
 
 def _hardware_changes(

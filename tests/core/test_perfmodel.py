@@ -353,6 +353,32 @@ def test_one_process_does_not_take_the_whole_job_scaling_offset() -> None:
     assert _width(pair) == pytest.approx((both, both))
 
 
+def test_one_process_on_the_profiled_instance_type_is_as_sure_as_the_profile() -> None:
+    """A one-process profile's own run again (same instance type, a batch it measured
+    around) is its measurement: the interval is the profile's step spread, not the
+    multi-GPU fit's residuals. Off that run (another instance type with the same GPU,
+    a batch beyond the profiled ones, two processes) the calibration's interval holds."""
+    cal = Calibration(PHYS, residual_low=-0.05, residual_high=0.05)
+    model = PerformanceModel(SPECS, cal)
+    measured = dataclasses.replace(
+        PROFILE,
+        environment=dataclasses.replace(PROFILE.environment, instance_type="g4dn.12xlarge"),
+        steps=dataclasses.replace(PROFILE.steps, step=Spread(0.18, 0.18, 0.198, 40)),
+    )
+    # p90 - p50 is 1.2816 sigma of a normal spread: the log ends are (p90 - p50)/mean
+    own = (0.198 - 0.18) / 0.18
+    home = model.predict(measured, one_group(1, 1), local_batch=16)
+    assert _width(home) == pytest.approx((own, own))
+    between = model.predict(measured, one_group(1, 1), local_batch=24)
+    assert _width(between) == pytest.approx((own, own))
+    beyond = model.predict(measured, one_group(1, 1), local_batch=64)
+    other_host = model.predict(measured, one_group(1, 1, offer(name="g4dn.16xlarge")))
+    pair = model.predict(measured, one_group(1, 2), local_batch=16)
+    unnamed = model.predict(PROFILE, one_group(1, 1), local_batch=16)
+    for pred in (beyond, other_host, pair, unnamed):
+        assert _width(pred) == pytest.approx((0.05, 0.05))
+
+
 def _detailed(bucket_bytes: int) -> Profile:
     layers = tuple(
         LayerTiming(f"l{i}", "b", "Linear", 0.01, 0.02, 1, bucket_bytes, 0.0, 0) for i in range(4)

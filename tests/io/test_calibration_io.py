@@ -10,6 +10,7 @@ import pytest
 
 from lightning_srifty.core.calibration import (
     CALIBRATION_SCHEMA_VERSION,
+    EVERY_ACCELERATOR,
     Calibration,
     HardwareTerms,
 )
@@ -75,6 +76,27 @@ def test_probed_hardware_terms_round_trip_and_are_checked(
     _write(path, doc)
     with pytest.raises(CalibrationError, match=r"cal\.json.*hardware_terms\[0\]\.evidence"):
         load_calibration(path)
+
+
+def test_per_gpu_measured_compute_scales_round_trip_and_are_checked(
+    default: Calibration, tmp_path: Path
+) -> None:
+    job = dataclasses.replace(
+        default.jobs[0],
+        compute_scale=1.2,
+        accelerator=EVERY_ACCELERATOR,
+        measured_scales=(("A100", 1.8), ("Quadro RTX 6000", 0.8)),
+    )
+    refitted = dataclasses.replace(default, jobs=(job, *default.jobs[1:]))
+    path = save_calibration(refitted, tmp_path / "cal.json")
+    assert load_calibration(path) == refitted
+    doc = refitted.to_dict()
+    doc["jobs"][0]["measured_scales"] = [["A100", -1.0]]
+    _write(path, doc)
+    with pytest.raises(CalibrationError, match=r"cal\.json.*jobs\[0\]\.measured_scales.*positive"):
+        load_calibration(path)
+    # a file without per-GPU scales (written before them) reads as before
+    assert "measured_scales" not in default.to_dict()["jobs"][0]
 
 
 def _write(path: Path, doc: dict) -> Path:  # type: ignore[type-arg]

@@ -157,6 +157,7 @@ def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
 
     said = "\n".join(ui.messages)
     assert "Gbps measured against" in said and "duo's hardware terms refitted on" in said
+    assert f"the job's compute measured by the probes, against the prediction: {acc} x" in said
     assert "colocation_slowdown" in said
     assert "saved net of the probes" in said
 

@@ -1043,8 +1043,9 @@ def refit_on_probe_runs(
     gpu_specs: dict[str, GpuSpec],
 ) -> Calibration:
     """The calibration after probes, as ``srifty-launch`` replans with it: first the
-    job's own terms on every probe (a compute scale per GPU type a probe ran, its
-    co-location and overlap: :func:`~lightning_srifty.fit.refine.refit_job_on`), then
+    job's own terms (a compute scale per GPU type a probe ran, from its one-process
+    probes where it had one, else from all its probes with the job's co-location and
+    overlap: :func:`~lightning_srifty.fit.refine.refit_job_on`), then
     each probed instance type's hardware constants on its own probes
     (:func:`refit_on_probes`), centred on the links the probes measured. Instance
     types no probe ran on keep their constants.
@@ -1054,8 +1055,19 @@ def refit_on_probe_runs(
     if not runs:
         return calibration
     name = profile.model_name or "job"
+    # One process measures the job's compute alone; a GPU type only probed with more
+    # than one gives its compute with co-location and communication mixed in, which
+    # the job-level refit would otherwise take for compute (the hardware refit below
+    # explains those with the type's own link terms).
+    alone = [r for r in runs if r.cluster.world_size == 1]
+    timed = {g.offer.accelerator for r in alone for g in r.cluster.groups}
+    first = alone + [
+        r
+        for r in runs
+        if r.cluster.world_size > 1 and not {g.offer.accelerator for g in r.cluster.groups} <= timed
+    ]
     refitted = refit_job_on(
-        calibration, profile, [(r.cluster, r.step_s) for r in runs], gpu_specs=gpu_specs
+        calibration, profile, [(r.cluster, r.step_s) for r in first], gpu_specs=gpu_specs
     )
     env = profile.environment
     evidence: dict[str, dict[str, float]] = {}

@@ -119,3 +119,26 @@ def test_the_launchers_probe_refit_prices_each_probed_type_at_its_probe() -> Non
     assert after["A10G"][0] == pytest.approx(runs[0].step_s, rel=0.03)
     assert after["V100"][0] == pytest.approx(runs[1].step_s, rel=0.03)
     assert after["T4"] == pytest.approx(before["T4"])
+
+
+def _nodes(acc: str, nodes: int) -> Cluster:
+    return Cluster((ClusterGroup(_one_gpu(acc).groups[0].offer, nodes, 1),))
+
+
+def test_a_slow_network_on_a_probed_type_is_not_taken_for_its_compute() -> None:
+    """A one-process probe times the job's compute alone; a two-node probe of the same
+    type, far slower than predicted, adds its network. The one-process shape stays at
+    what its probe measured (the two-node miss goes to the type's link terms), where one
+    compute scale fitted to both would price it between the two."""
+    cal = load_default_calibration()
+    profile = _profile()
+    model = PerformanceModel(SPECS, cal)
+    alone = 1.3 * model.predict(profile, _one_gpu("A10G")).step_s
+    pair = 3.0 * model.predict(profile, _nodes("A10G", 2)).step_s
+    runs = [
+        ProbeRun(_one_gpu("A10G"), "a10g-box", alone),
+        ProbeRun(_nodes("A10G", 2), "a10g-box", pair),
+    ]
+    after = PerformanceModel(SPECS, refit_on_probe_runs(cal, profile, runs, SPECS))
+    assert after.predict(profile, _one_gpu("A10G")).step_s == pytest.approx(alone, rel=0.03)
+    assert after.predict(profile, _nodes("A10G", 2)).step_s > 2.0 * (pair / 3.0)

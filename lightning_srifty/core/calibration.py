@@ -228,7 +228,9 @@ class JobTerms:
     """The hardware the co-location term was measured on (the profile's instance type)."""
     compute_scale: float = 1.0
     """Measured over predicted compute of the job on ``accelerator``: what a run of the
-    job on that GPU showed that the roofline transfer did not (live refinement)."""
+    job showed that the roofline transfer did not. After a refit it is the job-wide
+    scale (the geometric mean of :attr:`measured_scales`) that GPUs no run measured
+    take (:meth:`compute_scale_on`)."""
     accelerator: str = ""
     """The GPU ``compute_scale`` applies to (empty: none; :data:`EVERY_ACCELERATOR`: all
     of them, when one measurement cannot tell the GPU's share from the job's)."""

@@ -200,7 +200,8 @@ class PhysicsConstants:
 
 
 EVERY_ACCELERATOR = "*"
-"""``JobTerms.accelerator`` for a compute scale that holds on every GPU type."""
+"""``JobTerms.accelerator`` for the job-wide compute scale: every GPU type no run of
+the job measured takes it (see :meth:`JobTerms.compute_scale_on`)."""
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ trust its *steady* step time (the median after warm-up: restore, process-group s
 and the first iterations never count). A step inside the prediction's 10-90 %
 interval teaches nothing and moves nothing. Outside it, the running job's step refits
 the job's own terms (:func:`lightning_srifty.fit.refine.refit_job`): co-location and
-overlap where the shape can explain it, and a compute scale that holds on every GPU
-type, so an unexplained slowdown never makes the types not yet tried look cheaper.
+overlap where the shape can explain it, and a compute scale for the GPU type it runs
+on that every type not yet tried takes too, so an unexplained slowdown never makes
+them look cheaper (the profiled type keeps the profile's own measurement).
 The planner then ranks every plan for the remaining steps with the refitted model.
 
 Refinement must not lose money. Staying is priced by the measurement; an alternative

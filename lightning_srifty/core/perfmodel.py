@@ -534,13 +534,14 @@ class PerformanceModel:
                 if name in measured:
                     # a run of the job measured this GPU: its compute is no transfer
                     transferred &= ~mask
-        colocation = measured_scale * (1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0))
+        # every group's compute multiplier: what runs measured, and GPUs sharing a node
+        colocation_factor = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
+        slowdown = np.where(present, measured_scale * colocation_factor, 1.0)
         host = self.host_share(profile)
         fixed = self.fixed_host_s(profile, curve)
         device_ratio = np.nan_to_num(ratio, nan=1.0)
         # the share of variable time that scales with the GPU; fixed host time does not
         speed_scale = np.where(present & known, (1.0 - host) * device_ratio + host, 1.0)
-        colocation = np.where(present, colocation, 1.0)
 
         static, per_sample = self.memory_model(profile)
         usable = np.asarray(cand.gpu_memory_gib, dtype=np.float64) * GIB * MEMORY_HEADROOM
@@ -555,8 +556,8 @@ class PerformanceModel:
             per_row = np.asarray(local_batch, dtype=np.float64).reshape(-1, 1)
             b = np.where(present, per_row, 0.0)
         elif global_batch is not None:
-            alpha = colocation * (fixed + (curve.alpha_s - fixed) * speed_scale)
-            beta = colocation * curve.beta_s * speed_scale
+            alpha = slowdown * (fixed + (curve.alpha_s - fixed) * speed_scale)
+            beta = slowdown * curve.beta_s * speed_scale
             b = self._split_global(global_batch, alpha, beta, workers, present, cap)
         else:
             b = np.where(present, float(default_b), 0.0)
@@ -576,12 +577,12 @@ class PerformanceModel:
         )
         device_part = np.where(present & known, device_part, (at_b - host_fixed) * (1.0 - host))
         group_compute = np.where(
-            present, colocation * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
+            present, slowdown * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
         )
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle
         transfer_sigma = self._transfer_sigma(
-            group_compute, colocation * device_part, transferred & present & known
+            group_compute, slowdown * device_part, transferred & present & known
         )
 
         cols = cand.link_columns()

@@ -86,9 +86,14 @@ class ResumingBatchSampler:
         skip = 0
         shuffled = isinstance(self.sampler, RandomSampler) and self.sampler.generator is None
         if pending is not None:
-            self.seed = pending.get("seed")
             done = int(pending.get("batches", 0)) * int(pending.get("world_size", 1))
             skip = math.ceil(done / pending["resumed_world"])
+            if skip >= len(self.inner):
+                # Saved after the epoch's last batch: Lightning resumes at the next epoch,
+                # which must start afresh, not skip a whole epoch's worth of batches.
+                pending, skip = None, 0
+        if pending is not None:
+            self.seed = pending.get("seed")
         elif shuffled:
             # exactly what RandomSampler.__iter__ draws when it has no generator
             self.seed = int(torch.empty((), dtype=torch.int64).random_().item())

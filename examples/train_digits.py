@@ -39,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--min-measure-s", type=float, default=0.5)
     return p.parse_args(argv)
 
 
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         logger=False,
         enable_checkpointing=False,
         callbacks=[
-            SriftyCallback(warmup_steps=args.warmup_steps, profile_steps=args.profile_steps)
+            SriftyCallback(
+                warmup_steps=args.warmup_steps,
+                profile_steps=args.profile_steps,
+                min_measure_s=args.min_measure_s,
+            )
         ],
     )
     trainer.fit(

@@ -101,6 +101,7 @@ from lightning_srifty.capture.timing import (
     exclusive_nested,
     fold_into_records,
     hook_overhead_scale,
+    steps_to_cover,
     without_hook_overhead,
 )
 from lightning_srifty.core.errors import ConfigError
@@ -186,6 +187,11 @@ class SriftyCallback(pl.Callback):
             and per-phase shares and takes its compute time from them (3 of the default
             5; fewer than 3 warm-up steps keep the hooked times).
         profile_steps: Steps measured. Ignored when ``profile_epochs`` is set.
+        min_measure_s: The hook-free warm-up steps and the window that span less than
+            this many seconds run 10x their step count instead (never past half of the
+            run): a count of tiny steps is too short a time to measure on a machine
+            doing other work. 0 keeps the counts exactly. Every rank follows rank
+            zero's decision.
         profile_epochs: Measure until this many epochs have ended after warm-up.
         profile_path: Where to write; ``SRIFTY_PROFILE_PATH`` overrides it (the launcher
             sets it); default ``<default_root_dir>/srifty/profile.json``.
@@ -199,6 +205,7 @@ class SriftyCallback(pl.Callback):
         warmup_steps: int = 5,
         profile_steps: int = 20,
         profile_epochs: int | None = None,
+        min_measure_s: float = 0.5,
         profile_path: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         verbose: bool = True,
@@ -209,8 +216,11 @@ class SriftyCallback(pl.Callback):
             raise ConfigError(f"SriftyCallback: profile_steps must be >= 1, got {profile_steps}")
         if profile_epochs is not None and profile_epochs < 1:
             raise ConfigError(f"SriftyCallback: profile_epochs must be >= 1, got {profile_epochs}")
+        if not min_measure_s >= 0:
+            raise ConfigError(f"SriftyCallback: min_measure_s must be >= 0, got {min_measure_s}")
         self.warmup_steps = max(warmup_steps, 1)
         self.profile_steps = profile_steps
+        self.min_measure_s = float(min_measure_s)
         self.profile_epochs = profile_epochs
         self._env = dict(os.environ if env is None else env)
         override = self._env.get(ENV_PROFILE_PATH)
@@ -307,6 +317,13 @@ class SriftyCallback(pl.Callback):
         """Each measured step's span from its first batch start to its end (hooked)."""
         self._clean_start: Any = None
         self._clean_marks: list[tuple[Any, Any]] = []
+        self._clean_goal = max(self.warmup_steps - 2, 0)
+        """Hook-free steps to time (grown once by :meth:`_extension`)."""
+        self._flop_step = self.warmup_steps - 1
+        """The update whose FLOPs are counted; the window starts on the next."""
+        self._window_goal = self.profile_steps
+        self._clean_decided = False
+        self._window_decided = False
 
     # ------------------------------------------------------------ lightning
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -357,16 +374,16 @@ class SriftyCallback(pl.Callback):
             # The first micro-batch of an optimizer update: warm-up, FLOPs and window
             # boundaries are counted in updates, whatever the accumulation.
             self._global_step_at_start = int(trainer.global_step)
-            if self._seen_steps in (1, self.warmup_steps):
+            if self._seen_steps in (1, self._flop_step + 1):
                 _collect_garbage_untimed()
-            if 1 <= self._seen_steps <= self.warmup_steps - 2:
+            if 1 <= self._seen_steps < self._flop_step:
                 # Warm (not the first step) and hook-free (not the FLOP count's step).
                 self._clean_start = self._clock.mark()
-            if self._seen_steps == self.warmup_steps - 1:
+            if self._seen_steps == self._flop_step:
                 self._flop_mode = DeviceTolerantFlopCounter(display=False)
                 self._flop_mode.__enter__()
                 self._flop_forward = {}
-            if self._seen_steps == self.warmup_steps:
+            if self._seen_steps == self._flop_step + 1:
                 self._window_global_step = int(trainer.global_step)
                 self._start_window(pl_module, batch)
             if self._measuring:
@@ -428,6 +445,13 @@ class SriftyCallback(pl.Callback):
         if stepped and self._clean_start is not None:
             self._clean_marks.append((self._clean_start, self._clock.mark()))
             self._clean_start = None
+            if len(self._clean_marks) >= self._clean_goal and not self._clean_decided:
+                self._clean_decided = True
+                self._clock.sync()
+                spans = [self._clock.seconds(a, b) for a, b in self._clean_marks]
+                extra = self._extension(trainer, spans)
+                self._clean_goal += extra
+                self._flop_step += extra
         self._last_end_host = time.perf_counter()
         if self._compute_from is not None:
             cpu0, wall0 = self._compute_from
@@ -442,8 +466,12 @@ class SriftyCallback(pl.Callback):
             self._end_mark = self._clock.mark()
             self._in_step = False
             self._finish_step()
-            if self.profile_epochs is None and len(self._steps) >= self.profile_steps:
-                self._end_window(trainer, pl_module)
+            if self.profile_epochs is None and len(self._steps) >= self._window_goal:
+                if not self._window_decided:
+                    self._window_decided = True
+                    self._window_goal += self._extension(trainer, self._hooked_spans)
+                if len(self._steps) >= self._window_goal:
+                    self._end_window(trainer, pl_module)
         self._seen_steps += 1
         self._micro_in_step = 0
         self._last_end_host = time.perf_counter()
@@ -706,6 +734,45 @@ class SriftyCallback(pl.Callback):
             display={n: (n or root) for n in names},
         )
 
+    def _extension(self, trainer: pl.Trainer, spans: list[float]) -> int:
+        """Extra steps for the phase just counted, the same on every rank (rank zero's).
+
+        The room keeps the whole profile within the first half of the run, so a short
+        run still trains after it and a run that ends early still gets its window.
+        """
+        window = self._window_goal if self.profile_epochs is None else 0
+        planned_end = self._flop_step + 1 + window
+        room = self._updates_in_run(trainer) // 2 - planned_end
+        extra = steps_to_cover(spans, self.min_measure_s, max(room, 0))
+        return int(trainer.strategy.broadcast(extra, src=0))
+
+    def _updates_in_run(self, trainer: pl.Trainer) -> float:
+        """Optimizer updates this run will make (``inf`` when unbounded, 0 if unknown).
+
+        The trainer's own limits, and under the launcher the job's target too (in
+        batches; the profiling run is told the whole job's), which stops it first.
+        Lightning counts ``global_step`` per optimizer a manual ``training_step`` steps,
+        so its estimate is converted by the ratio seen so far.
+        """
+        try:
+            total = float(trainer.estimated_stepping_batches)
+        except (MisconfigurationException, RuntimeError, TypeError, ValueError):
+            return 0.0
+        updates_done = self._seen_steps + 1
+        per_update = max(int(trainer.global_step), 1) / updates_done
+        total /= max(per_update, 1.0)
+        if self._session is not None:
+            settings = self._session.settings
+            batches_per_update = max(int(trainer.accumulate_grad_batches), 1)
+            epoch_batches = trainer.num_training_batches
+            for steps in (settings.target_steps, settings.job_steps):
+                if steps is not None:
+                    total = min(total, steps / batches_per_update)
+            for epochs in (settings.target_epochs, settings.job_epochs):
+                if epochs is not None and isinstance(epoch_batches, int):
+                    total = min(total, epochs * epoch_batches / batches_per_update)
+        return total
+
     def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Builds the profile from every rank's window, timed as the run trains."""
         self._host_share = self._measured_host_share(pl_module)
@@ -834,7 +901,7 @@ class SriftyCallback(pl.Callback):
             flops_per_step=self._flops_per_step,
             optimizer_state_bytes=_optimizer_state_bytes(trainer.optimizers),
             peak_kind="cuda_max_allocated" if pl_module.device.type == "cuda" else "cpu_rss",
-            warmup_steps=self.warmup_steps,
+            warmup_steps=self._flop_step + 1,
             comm_backend=backend,
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             dataset_size=_samples_per_epoch(trainer, self._local_batch_size),

@@ -56,6 +56,8 @@ class LaunchSettings:
     progress_stdout: bool = False
     target_epochs: float | None = None
     world_size: int | None = None
+    job_steps: int | None = None
+    job_epochs: float | None = None
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> LaunchSettings | None:
@@ -81,6 +83,8 @@ class LaunchSettings:
             progress_stdout=env.get(proto.ENV_PROGRESS_STDOUT, "") == "1",
             target_epochs=_float(env, proto.ENV_TARGET_EPOCHS),
             world_size=_int(env, proto.ENV_WORLD_SIZE) or None,
+            job_steps=_int(env, proto.ENV_JOB_STEPS) or None,
+            job_epochs=_float(env, proto.ENV_JOB_EPOCHS) or None,
         )
 
 

@@ -421,6 +421,29 @@ def _extra(facts: ModelFacts) -> dict[str, Any]:
     return extra
 
 
+MAX_EXTENSION_FACTOR = 10
+"""A measured phase grows to at most this many times its configured step count."""
+
+
+def steps_to_cover(spans: Sequence[float], min_seconds: float, room: int | float) -> int:
+    """How many more steps a measured phase takes when it spans less than ``min_seconds``.
+
+    A step count alone makes a window of tiny steps tiny in time: 20 steps of 2 ms are
+    40 ms of measurement, and one burst of other work on the machine moves their mean
+    by a quarter (the local demo's profile read 2.0-3.6 ms where its run took 1.8 ms).
+    So a phase whose steps so far (``spans``) cover less than ``min_seconds`` runs
+    :data:`MAX_EXTENSION_FACTOR` times as many steps, never past ``room`` (what the run
+    can spare). All or nothing rather than just enough: under the launcher the profiling
+    run hands its checkpoint to the plan's processes at the step it ends, so that step
+    stays the same from launch to launch unless a phase sits right at the threshold,
+    and a relaunch trains the same curve.
+    """
+    if min_seconds <= 0 or not spans or sum(s for s in spans if s > 0) >= min_seconds:
+        return 0
+    wanted = (MAX_EXTENSION_FACTOR - 1) * len(spans)
+    return int(max(0, min(wanted, room)))
+
+
 def hook_overhead_scale(hooked_spans: Sequence[float], clean_spans: Sequence[float]) -> float:
     """How much of the hooked window's compute time the run really takes (at most 1).
 

@@ -551,6 +551,10 @@ def _profile_for(
         return ProfileRun(profile, own, 0)
     ui.info(f"profiling {options.script} on this machine (checkpoints: {uri})")
     profile_env = dict(job_env)
+    if options.request.target_steps is not None:
+        profile_env[proto.ENV_JOB_STEPS] = str(options.request.target_steps)
+    if options.request.epochs is not None:
+        profile_env[proto.ENV_JOB_EPOCHS] = f"{options.request.epochs:g}"
     if isinstance(backend, LocalBackend):
         # Profile as the local workers will train: their threads, no GPU.
         profile_env.update(LocalBackend.process_env())

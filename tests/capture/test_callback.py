@@ -259,9 +259,28 @@ def test_training_ending_inside_the_window_keeps_what_was_measured(
     assert load_profile(tmp_path / "srifty" / "profile.json").steps.measured_steps == 4
 
 
+def test_tiny_steps_are_measured_for_a_minimum_time_within_the_run(
+    digits: ModuleType, tmp_path: Path
+) -> None:
+    """A step of about a millisecond: 1 hook-free and 4 window steps are ~5 ms of timing.
+
+    Both span less than 1 s, so both grow to 10x their counts; the 20-step run of
+    ``profiled_run`` has no room and keeps its counts.
+    """
+    callback = SriftyCallback(warmup_steps=3, profile_steps=4, min_measure_s=1.0, verbose=False)
+    _trainer(tmp_path, callback, max_steps=400).fit(
+        digits.DigitsModule(hidden=32), datamodule=digits.DigitsDataModule(batch_size=BATCH)
+    )
+    profile = load_profile(tmp_path / "srifty" / "profile.json")
+    assert profile.steps.step.p50_s * 4 < 1.0  # short enough that both phases grow
+    assert profile.extra["hooks"]["clean_steps"] == 10
+    assert (profile.steps.warmup_steps, profile.steps.measured_steps) == (1 + 10 + 1, 40)
+    assert profile.steps.step.count == 40
+
+
 @pytest.mark.parametrize(
     "kwargs",
-    [{"warmup_steps": -1}, {"profile_steps": 0}, {"profile_epochs": 0}],
+    [{"warmup_steps": -1}, {"profile_steps": 0}, {"profile_epochs": 0}, {"min_measure_s": -1.0}],
 )
 def test_bad_settings_are_config_errors(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match=next(iter(kwargs))):

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN = 1024  # ~4.4 MB of gradients: more than DDP's 1 MiB first bucket, so >= 2 buckets
+MIN_MEASURE_S = 5.0  # longer than 8 steps of this model take here: the window grows
 
 
 def _free_port() -> int:
@@ -38,9 +39,9 @@ def ddp_profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(port),
-        str(REPO / "examples" / "train_digits.py"), "--max-steps", "14",
+        str(REPO / "examples" / "train_digits.py"), "--max-steps", "60",
         "--hidden", str(HIDDEN), "--batch-size", "32", "--warmup-steps", "3",
-        "--profile-steps", "8",
+        "--profile-steps", "8", "--min-measure-s", str(MIN_MEASURE_S),
     ]  # fmt: skip
     done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -57,7 +58,19 @@ def test_every_rank_reaches_the_profile(ddp_profile: Profile) -> None:
     assert all(r.step_mean_s > 0 and r.allreduce_s > 0 for r in ddp_profile.ranks)
     env = ddp_profile.environment
     assert (env.world_size, env.devices_per_node, env.num_nodes) == (2, 2, 1)
-    assert ddp_profile.steps.step.count == 2 * ddp_profile.steps.measured_steps == 16
+    assert ddp_profile.steps.step.count == 2 * ddp_profile.steps.measured_steps
+
+
+def test_both_ranks_grow_the_phases_of_short_steps_alike(ddp_profile: Profile) -> None:
+    """Rank zero decides how far warm-up and window grow; a rank that went its own way
+    would hang in the window's gather or profile different steps."""
+    steps = ddp_profile.steps
+    assert steps.measured_steps * steps.step.p50_s < MIN_MEASURE_S
+    # 60 steps leave 30 for the profile: the hook-free step grows to 10 (10x), the
+    # FLOP step follows, and the window takes the rest (8 + 10).
+    assert (steps.warmup_steps, steps.measured_steps) == (1 + 10 + 1, 18)
+    hooks = ddp_profile.extra["hooks"]
+    assert hooks["clean_steps"] == 10
 
 
 def test_buckets_cover_every_gradient_in_ready_order(ddp_profile: Profile) -> None:

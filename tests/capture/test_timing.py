@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lightning_srifty.capture.timing import (
+    MAX_EXTENSION_FACTOR,
     BucketAccumulator,
     BucketEvent,
     CallSpan,
@@ -20,6 +21,7 @@ from lightning_srifty.capture.timing import (
     exclusive_nested,
     fold_into_records,
     hook_overhead_scale,
+    steps_to_cover,
     without_hook_overhead,
 )
 from lightning_srifty.core.profile import Bucket, Environment, GradParam, Profile
@@ -177,3 +179,22 @@ def test_removing_hook_overhead_shrinks_compute_and_keeps_waits_and_network() ->
     assert half.buckets[0].allreduce_s == 0.006
     assert (half.rank, half.peak_memory_bytes) == (1, 123)
     assert without_hook_overhead(measured, 1.0) is measured
+
+
+def test_a_phase_of_tiny_steps_grows_tenfold_when_it_spans_too_little_time() -> None:
+    # 3 steps of 2 ms and one 40 ms outlier span 44 ms, less than 0.1 s: 30 steps in all
+    assert MAX_EXTENSION_FACTOR == 10
+    assert steps_to_cover([0.002, 0.040, 0.002], 0.1, room=1000) == 30 - 3
+    # 20 steps of 2 ms: 200 in all, whatever the exact time each took (the same decision
+    # from launch to launch)
+    assert steps_to_cover([0.002] * 20, 0.1, room=1000) == 200 - 20
+    assert steps_to_cover([0.004] * 20, 0.1, room=1000) == 200 - 20
+
+
+def test_a_phase_never_grows_past_its_room_nor_when_it_is_long_enough() -> None:
+    assert steps_to_cover([0.002] * 20, 0.1, room=7) == 7
+    assert steps_to_cover([0.002] * 20, 0.1, room=-3) == 0
+    assert steps_to_cover([0.05] * 3, 0.1, room=1000) == 0  # 150 ms already
+    assert steps_to_cover([0.002] * 20, 0.0, room=1000) == 0  # the floor turned off
+    assert steps_to_cover([], 0.1, room=1000) == 0
+    assert steps_to_cover([0.002] * 20, 0.1, room=float("inf")) == 180

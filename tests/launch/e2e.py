@@ -15,6 +15,13 @@ def events(run: Path, name: str) -> list[ProgressEvent]:
     return [ProgressEvent.from_line(line) for line in lines if line.strip()]
 
 
+def handover_step(run: Path) -> int:
+    """The step at which the run's profiling ended and its checkpoint was handed on (its
+    warm-up and window; a window of tiny steps grows with the job's length)."""
+    events_ = events(run, "profile-progress.jsonl")
+    return next(e.step for e in events_ if e.event == "profile-done")
+
+
 def only_run(root: Path) -> Path:
     """The one run folder the command made under ``root/srifty_runs``."""
     runs = sorted((root / "srifty_runs").iterdir())

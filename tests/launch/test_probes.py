@@ -30,6 +30,7 @@ from lightning_srifty.launch.local_backend import LocalBackend
 from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
 from lightning_srifty.launch.profiling import run_profile
 from tests.fakes import RecordingUI
+from tests.launch.e2e import handover_step
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +50,11 @@ def _offer(name: str, count: int, hourly: float, acc: str) -> Offer:
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Profile, Path]:
     run_dir = tmp_path_factory.mktemp("probe") / "run"
+    # The job's length, as the launcher tells its profiling run (the controllers below
+    # train to step 100)
+    env = {**ENV, proto.ENV_JOB_STEPS: "100"}
     done = run_profile(str(SCRIPT), ARGS, run_dir=run_dir,
-                       checkpoint_uri=str(run_dir / "checkpoints"), extra_env=ENV)  # fmt: skip
+                       checkpoint_uri=str(run_dir / "checkpoints"), extra_env=env)  # fmt: skip
     return done.profile, run_dir
 
 
@@ -109,7 +113,7 @@ def test_a_probe_that_changes_the_plan(profiled: tuple[Profile, Path]) -> None:
     assert "the probes cost $" in changed and "cheaper than plan #1 as measured" in changed
     # probes wrote no checkpoint: the only one is still the profiling run's
     manifests = [p.name for p in (run_dir / "checkpoints" / "manifests").iterdir()]
-    assert len(manifests) == 1 and "step000000013" in manifests[0]
+    assert len(manifests) == 1 and f"step{handover_step(run_dir):09d}" in manifests[0]
 
 
 def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(

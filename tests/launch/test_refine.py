@@ -205,7 +205,7 @@ def test_local_run_with_a_slowdown_on_shared_nodes_migrates_and_finishes(
     run_dir = tmp_path / "run"
     profiled = run_profile(
         str(SCRIPT), (), run_dir=run_dir, checkpoint_uri=str(run_dir / "checkpoints"),
-        extra_env={"OMP_NUM_THREADS": "1", "SRIFTY_IMDS": "off"},
+        extra_env={"OMP_NUM_THREADS": "1", "SRIFTY_IMDS": "off", proto.ENV_JOB_STEPS: "300"},
     )  # fmt: skip
     profile = profiled.profile
     acc = profile.environment.accelerator

@@ -14,7 +14,6 @@ profile/run ratio and, per arm, the median and worst ``|ratio - 1|``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -27,16 +26,8 @@ import lightning.pytorch as pl
 from lightning_srifty import SriftyCallback
 from lightning_srifty.io.profile_io import load_profile
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _digits() -> Any:
-    spec = importlib.util.spec_from_file_location("digits", EXAMPLES / "digits.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["digits"] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_callback_overhead import _digits  # noqa: E402 - the same demo model loader
 
 
 class BatchEnds(pl.Callback):

@@ -308,7 +308,9 @@ class LogProgress:
                 self.reconnects += 1
                 if self._stop.is_set():
                     if last_try:
-                        log.info("stopped following %s: %s", self._source, exc)
+                        # Expected once the attempt is over (its cluster may be down by
+                        # now): not news, and never after the launcher's last line.
+                        log.debug("stopped following %s: %s", self._source, exc)
                         return
                     last_try = True
                     continue

@@ -317,13 +317,10 @@ class SriftyCallback(pl.Callback):
         """Each measured step's span from its first batch start to its end (hooked)."""
         self._clean_start: Any = None
         self._clean_marks: list[tuple[Any, Any]] = []
-        self._clean_goal = max(self.warmup_steps - 2, 0)
-        """Hook-free steps to time (grown once by :meth:`_extension`)."""
         self._flop_step = self.warmup_steps - 1
-        """The update whose FLOPs are counted; the window starts on the next."""
+        """The update whose FLOPs are counted (moved once by :meth:`_extension`); the
+        window starts on the next."""
         self._window_goal = self.profile_steps
-        self._clean_decided = False
-        self._window_decided = False
 
     # ------------------------------------------------------------ lightning
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -445,13 +442,10 @@ class SriftyCallback(pl.Callback):
         if stepped and self._clean_start is not None:
             self._clean_marks.append((self._clean_start, self._clock.mark()))
             self._clean_start = None
-            if len(self._clean_marks) >= self._clean_goal and not self._clean_decided:
-                self._clean_decided = True
+            if len(self._clean_marks) == self.warmup_steps - 2:  # the configured count
                 self._clock.sync()
                 spans = [self._clock.seconds(a, b) for a, b in self._clean_marks]
-                extra = self._extension(trainer, spans)
-                self._clean_goal += extra
-                self._flop_step += extra
+                self._flop_step += self._extension(trainer, spans)
         self._last_end_host = time.perf_counter()
         if self._compute_from is not None:
             cpu0, wall0 = self._compute_from
@@ -466,9 +460,8 @@ class SriftyCallback(pl.Callback):
             self._end_mark = self._clock.mark()
             self._in_step = False
             self._finish_step()
-            if self.profile_epochs is None and len(self._steps) >= self._window_goal:
-                if not self._window_decided:
-                    self._window_decided = True
+            if self.profile_epochs is None:
+                if len(self._steps) == self.profile_steps:  # the configured count
                     self._window_goal += self._extension(trainer, self._hooked_spans)
                 if len(self._steps) >= self._window_goal:
                     self._end_window(trainer, pl_module)

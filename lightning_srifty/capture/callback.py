@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import gc
+import math
 import os
 import platform
 import statistics
@@ -751,6 +752,11 @@ class SriftyCallback(pl.Callback):
             total = float(trainer.estimated_stepping_batches)
         except (MisconfigurationException, RuntimeError, TypeError, ValueError):
             return 0.0
+        # a stream (an IterableDataset) has no length: Lightning answers max_steps, -1
+        # when unset, and only the job's own length in steps can bound the run
+        unknown = total < 0
+        if unknown:
+            total = math.inf
         updates_done = self._seen_steps + 1
         per_update = max(int(trainer.global_step), 1) / updates_done
         total /= max(per_update, 1.0)
@@ -764,7 +770,7 @@ class SriftyCallback(pl.Callback):
             for epochs in (settings.target_epochs, settings.job_epochs):
                 if epochs is not None and isinstance(epoch_batches, int):
                     total = min(total, epochs * epoch_batches / batches_per_update)
-        return total
+        return 0.0 if unknown and math.isinf(total) else total
 
     def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Builds the profile from every rank's window, timed as the run trains."""

@@ -118,7 +118,8 @@ class LaunchSession:
         self.exit_pending = False
         """An emergency checkpoint is saved; the process ends at the next hook."""
         self.samplers: list[Any] = []
-        """The training loaders' :class:`ResumingBatchSampler` (rebuilt plain loaders)."""
+        """Where each rebuilt training loader keeps its position: a :class:`ResumingBatchSampler`
+        or a :class:`ResumingStreamLoader`."""
         self._trainer: pl.Trainer | None = None
         self.pending_loader_states: list[dict[str, Any]] | None = None
         """Where the restored checkpoint's loaders stood (set by the callback's state)."""
@@ -168,7 +169,10 @@ class LaunchSession:
         """
         from lightning.pytorch.trainer.states import RunningStage
 
-        from lightning_srifty.capture.resumable_sampler import make_resumable
+        from lightning_srifty.capture.resumable_sampler import (
+            ResumingStreamLoader,
+            make_resumable,
+        )
 
         connector = getattr(trainer, "_data_connector", None)
         original = getattr(connector, "_prepare_dataloader", None)
@@ -179,15 +183,18 @@ class LaunchSession:
             prepared = original(dataloader, shuffle, mode)
             if mode != RunningStage.TRAINING:
                 return prepared
-            rebuilt = make_resumable(prepared)
+            rebuilt = make_resumable(prepared, lambda: int(trainer.current_epoch))
             if rebuilt is None:
                 return prepared
-            sampler: Any = rebuilt.batch_sampler
+            # a stream keeps its position itself; a map-style loader in its batch sampler
+            position: Any = (
+                rebuilt if isinstance(rebuilt, ResumingStreamLoader) else rebuilt.batch_sampler
+            )
             index = len(self.samplers)
             states = self.pending_loader_states or []
             if index < len(states):
-                sampler.resume(states[index], int(trainer.world_size))
-            self.samplers.append(sampler)
+                position.resume(states[index], int(trainer.world_size))
+            self.samplers.append(position)
             return rebuilt
 
         connector._prepare_dataloader = prepare
@@ -199,7 +206,7 @@ class LaunchSession:
             return []
         current: Any = trainer.fit_loop.epoch_loop.batch_progress.current
         done = int(current.processed)
-        return [s.state_dict(done, int(trainer.world_size)) for s in self.samplers]
+        return [s.position(done, int(trainer.world_size)) for s in self.samplers]
 
     def _check_world_size(self, trainer: pl.Trainer) -> None:
         """Stops a job whose Trainer does not run the processes the launcher started.

@@ -16,6 +16,13 @@ builds the same order from that seed, without drawing, and skips the batches don
 Under DDP (Lightning's ``DistributedSampler``, ordered by epoch alone) only the skip is
 needed; on another world size the skip covers the same number of samples.
 
+A plain ``DataLoader`` over an ``IterableDataset`` (a stream: no sampler to seed, and
+PyTorch refuses a batch sampler for it) is rebuilt as a :class:`ResumingStreamLoader`
+instead: a resumed run iterates the stream from the epoch's start again and drops the
+batches each process had done, so a stream that yields the same batches each time it is
+iterated (its own seed, a file, a shard by rank) continues at the exact batch; the
+dropped batches are loaded, not trained on.
+
 Left alone: loaders that are not a plain ``torch.utils.data.DataLoader`` (they may be
 stateful already, like torchdata's ``StatefulDataLoader`` or
 :class:`~lightning_srifty.ResumableLoader`), and loaders with a sampler of the user's
@@ -27,11 +34,11 @@ ahead before a resume restores the generators.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 STATE_VERSION = 1
 
@@ -70,7 +77,9 @@ class ResumingBatchSampler:
         self._pending = dict(state, resumed_world=max(int(world_size), 1))
         self.epoch = int(state.get("epoch", 0))
 
-    def state_dict(self, batches_done: int, world_size: int) -> dict[str, Any]:
+    def position(self, batches_done: int, world_size: int) -> dict[str, Any]:
+        """Where the epoch stands, for the checkpoint (not ``state_dict``: Lightning would
+        take a loader part with that name for a stateful loader of its own)."""
         return {
             "state_version": STATE_VERSION,
             "epoch": self.epoch,
@@ -110,16 +119,58 @@ class ResumingBatchSampler:
                 self.sampler.generator = None
 
 
-def make_resumable(loader: Any) -> DataLoader | None:
-    """A copy of a plain ``DataLoader`` whose batches come from a
-    :class:`ResumingBatchSampler`; ``None`` when the loader is left as it is."""
-    if type(loader) is not DataLoader or not isinstance(loader.batch_sampler, BatchSampler):
-        return None
-    sampler = loader.batch_sampler.sampler
-    if isinstance(sampler, RandomSampler) and sampler.generator is not None:
-        return None  # the user seeds it: its order already repeats
+class ResumingStreamLoader(DataLoader):  # type: ignore[type-arg]
+    """A plain ``DataLoader`` over an ``IterableDataset`` that resumes by dropping batches.
+
+    A stream has no order to seed and no length to check, so the position is the
+    epoch and the batches this process had done in it; a resume in the same epoch
+    iterates the stream from its start and drops that many batches before the first
+    one Lightning sees. A checkpoint from an epoch that has closed (Lightning resumes
+    at the next epoch) drops nothing. The count is per process: a stream that every
+    process iterates whole, or that shards itself by rank, continues where it was.
+
+    Args:
+        current_epoch: The Trainer's epoch when the stream is iterated.
+        *args, **kwargs: What ``DataLoader`` takes.
+    """
+
+    def __init__(self, *args: Any, current_epoch: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._current_epoch = current_epoch
+        self._pending: dict[str, Any] | None = None
+
+    def resume(self, state: dict[str, Any], world_size: int) -> None:
+        """Continue the epoch ``state`` describes at its next batch (on the next ``iter``)."""
+        del world_size  # each process keeps its own count
+        if state.get("state_version") == STATE_VERSION and state.get("stream") is True:
+            self._pending = dict(state)
+
+    def position(self, batches_done: int, world_size: int) -> dict[str, Any]:
+        """Where the epoch stands, for the checkpoint."""
+        return {
+            "state_version": STATE_VERSION,
+            "stream": True,
+            "epoch": int(self._current_epoch()),
+            "batches": int(batches_done),
+            "world_size": int(world_size),
+        }
+
+    def __iter__(self) -> Any:
+        iterator = super().__iter__()
+        pending, self._pending = self._pending, None
+        if pending is None or int(pending.get("epoch", -1)) != int(self._current_epoch()):
+            return iterator  # not resumed, or the checkpoint closed its epoch
+        for _ in range(int(pending.get("batches", 0))):
+            try:
+                next(iterator)
+            except StopIteration:
+                break  # a shorter stream than the one checkpointed: nothing left
+        return iterator
+
+
+def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:  # type: ignore[type-arg]
+    """What rebuilding ``loader`` keeps, its batching aside."""
     kwargs: dict[str, Any] = {
-        "batch_sampler": ResumingBatchSampler(loader.batch_sampler),
         "num_workers": loader.num_workers,
         "collate_fn": loader.collate_fn,
         "pin_memory": loader.pin_memory,
@@ -134,4 +185,34 @@ def make_resumable(loader: Any) -> DataLoader | None:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
         kwargs["in_order"] = loader.in_order
-    return DataLoader(loader.dataset, **kwargs)
+    return kwargs
+
+
+def make_resumable(
+    loader: Any, current_epoch: Callable[[], int] | None = None
+) -> DataLoader | None:  # type: ignore[type-arg]
+    """A copy of a plain ``DataLoader`` that resumes at its exact batch: batches from a
+    :class:`ResumingBatchSampler`, or for a stream (with ``current_epoch``) a
+    :class:`ResumingStreamLoader`; ``None`` when the loader is left as it is."""
+    if type(loader) is not DataLoader:
+        return None
+    if isinstance(loader.dataset, IterableDataset):
+        if current_epoch is None:
+            return None
+        return ResumingStreamLoader(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            drop_last=loader.drop_last,
+            current_epoch=current_epoch,
+            **_loader_kwargs(loader),
+        )
+    if not isinstance(loader.batch_sampler, BatchSampler):
+        return None
+    sampler = loader.batch_sampler.sampler
+    if isinstance(sampler, RandomSampler) and sampler.generator is not None:
+        return None  # the user seeds it: its order already repeats
+    return DataLoader(
+        loader.dataset,
+        batch_sampler=ResumingBatchSampler(loader.batch_sampler),
+        **_loader_kwargs(loader),
+    )

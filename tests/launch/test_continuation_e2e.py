@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lightning_srifty.cli import launch_cmd
-from tests.launch.e2e import only_run
+from tests.launch.e2e import handover_step, only_run
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +34,11 @@ def _losses(path: Path) -> dict[int, list[str]]:
     return out
 
 
-def _python(steps: int, log: Path, cwd: Path) -> dict[int, list[str]]:
+def _python(steps: int, log: Path, cwd: Path, *extra: str) -> dict[int, list[str]]:
     env = {**os.environ, "LOSS_LOG": str(log), "OMP_NUM_THREADS": "1"}
     subprocess.run(  # noqa: S603 - fixed argv
-        [sys.executable, SCRIPT, "--max-steps", str(steps)], env=env, cwd=cwd, check=True,
-        capture_output=True,
+        [sys.executable, SCRIPT, "--max-steps", str(steps), *extra], env=env, cwd=cwd,
+        check=True, capture_output=True,
     )  # fmt: skip
     return _losses(log)
 
@@ -81,6 +81,29 @@ def test_preemptions_keep_the_loss_curve(
     )  # fmt: skip
     moves = (only_run(in_tmp) / "migrations.jsonl").read_text().splitlines()
     assert moves, "no preemption happened: the run proves nothing about resuming"
+    _same(reference, launched)
+
+
+def test_a_stream_resumes_at_the_exact_batch(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An ``IterableDataset`` (no sampler, no length): before, the profiling run crashed
+    when the callback gave its loader a batch sampler; a resume must drop the batches
+    the epoch had done, the handover's and each preemption's."""
+    reference = _python(
+        3000, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent, "--stream"
+    )
+    monkeypatch.setenv("STEP_SLEEP_S", "0.002")
+    launched = _launch(
+        ["--target-steps", "3000", "--cluster", "g4dn.xlarge:1", "--preempt-every", "3s",
+         "--stream"],
+        in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
+    )  # fmt: skip
+    run = only_run(in_tmp)
+    moves = (run / "migrations.jsonl").read_text().splitlines()
+    assert moves, "no preemption happened: the run proves nothing about resuming"
+    # a stream has no length: the job's, passed to the profiling run, bounds the window
+    assert handover_step(run) > 5 + 20, "the window of ~5 ms steps did not grow"
     _same(reference, launched)
 
 

@@ -6,7 +6,10 @@ rank zero append ``step loss`` (the loss with every digit) after each batch, and
 ``STEP_SLEEP_S=<s>`` makes every batch take at least that long (a run long enough for a
 revocation on any machine; the losses do not change).
 
-    python plain_loader.py [--max-steps N] [--num-workers W]
+``--stream`` serves the same samples from an ``IterableDataset`` instead (a stream in a
+fixed order, as a file or a shard is read; no sampler, no length).
+
+    python plain_loader.py [--max-steps N] [--num-workers W] [--stream]
 """
 
 from __future__ import annotations
@@ -20,9 +23,19 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from lightning_srifty import SriftyCallback
+
+
+class Stream(IterableDataset):
+    """The samples in the same fixed order every time the stream is read."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __iter__(self) -> Any:
+        return iter(zip(self.x, self.y, strict=True))
 
 
 class Classifier(L.LightningModule):
@@ -50,13 +63,17 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--max-steps", type=int, default=-1)
     p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--stream", action="store_true")
     args = p.parse_args()
     L.seed_everything(0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 20, generator=g)
     y = (x[:, :4].argmax(1) + (x[:, 4] > 0).long()) % 4
-    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
-                        num_workers=args.num_workers)  # fmt: skip
+    if args.stream:
+        loader = DataLoader(Stream(x, y), batch_size=32, num_workers=args.num_workers)
+    else:
+        loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
+                            num_workers=args.num_workers)  # fmt: skip
     trainer = L.Trainer(max_steps=args.max_steps, enable_progress_bar=False,
                         enable_model_summary=False, logger=False,
                         enable_checkpointing=False, callbacks=[SriftyCallback()])  # fmt: skip

@@ -281,6 +281,9 @@ class SriftyCallback(pl.Callback):
         self._compute_wall_s = 0.0
         """CPU and wall time of the window's batches from start to end (data waits out)."""
         self._host_share: dict[str, float] | None = None
+        self._validation_batch_s: list[float] = []
+        """Validation batches timed before the profile (each pass's first left out)."""
+        self._validation_started: float | None = None
         self._measuring = False
         self._in_step = False
         self._handles: list[RemovableHandle] = []
@@ -473,6 +476,43 @@ class SriftyCallback(pl.Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._session is not None:
             self._session.exit_if_preempted()  # no validation on a node going away
+            if not trainer.sanity_checking:
+                self._session.validation_started()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._session is not None and not trainer.sanity_checking:
+            self._session.validation_ended()
+        if self._last_end_host is not None:
+            # the next batch's data wait starts here: a pass is not the loader's time
+            self._last_end_host = time.perf_counter()
+
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        # a pass's first batch warms up; the window's hooks would slow the rest
+        timed = not self.profiled and not self._measuring and (batch_idx, dataloader_idx) > (0, 0)
+        self._validation_started = time.perf_counter() if timed else None
+
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._validation_started is None:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self._validation_batch_s.append(time.perf_counter() - self._validation_started)
+        self._validation_started = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._session is not None:
@@ -904,6 +944,7 @@ class SriftyCallback(pl.Callback):
             comm_backend=backend,
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             dataset_size=_samples_per_epoch(trainer, self._local_batch_size),
+            validation=_validation_facts(trainer, self._validation_batch_s),
             trainer_limits=_trainer_limits(
                 trainer,
                 micro,
@@ -1084,6 +1125,55 @@ def _optimizer_state_bytes(optimizers: list[Any]) -> int:
                 if isinstance(value, torch.Tensor):
                     total += value.numel() * value.element_size()
     return total
+
+
+def _validation_facts(trainer: pl.Trainer, batch_s: list[float]) -> dict[str, Any] | None:
+    """What validation adds to training: its passes' batches and how often they run.
+
+    Lightning validates every ``val_check_batch`` training batches (a share of the epoch,
+    or a count across epochs when ``check_val_every_n_epoch=None``), every
+    ``check_val_every_n_epoch`` epochs, each pass ``num_val_batches`` batches per
+    process. ``None`` without validation or where a pass's length or period is unknown
+    (a stream's epoch). The batch time is the median of the batches timed before the
+    profile (the sanity check's, a pass's first left out); without any the planner
+    takes the window's forward time.
+    """
+    if trainer.val_dataloaders is None or not trainer.limit_val_batches:
+        return None
+    loop = trainer.fit_loop.epoch_loop.val_loop
+    if not trainer.num_val_batches:
+        try:
+            loop.setup_data()  # what Lightning does before the first pass, when no sanity check
+        except Exception:  # noqa: BLE001 - the script's loader: pricing it is optional
+            return None
+    per_pass = sum(trainer.num_val_batches)
+    if not math.isfinite(per_pass) or per_pass <= 0:
+        return None
+    if trainer.val_check_batch is None:
+        return None  # set when training data is set up, before any pass
+    every_batch = float(trainer.val_check_batch)
+    epochs = trainer.check_val_every_n_epoch
+    epoch_batches = trainer.num_training_batches
+    if epochs is None:
+        if not math.isfinite(every_batch):
+            return None
+        between, per_epoch = every_batch, False
+    else:
+        if not math.isfinite(epoch_batches) or epoch_batches <= 0:
+            return None
+        passes = 1 if not math.isfinite(every_batch) else max(int(epoch_batches // every_batch), 1)
+        between = float(epoch_batches) * int(epochs) / passes
+        per_epoch = isinstance(trainer.val_check_interval, float)
+    out: dict[str, Any] = {
+        "batches_per_pass": int(per_pass),
+        "train_batches_between": between,
+        "per_epoch": per_epoch,
+        "world_size": int(trainer.world_size),
+        "timed_batches": len(batch_s),
+    }
+    if batch_s:
+        out["batch_s"] = statistics.median(batch_s)
+    return out
 
 
 def _samples_per_epoch(trainer: pl.Trainer, local_batch: int) -> int | None:

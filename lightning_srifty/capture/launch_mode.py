@@ -109,6 +109,10 @@ class LaunchSession:
         self._last_report_step = 0
         self._first_step = 0
         self._train_started_at: float | None = None
+        self._validation_from: float | None = None
+        self._validation_s = 0.0
+        """Wall time of this attempt's validation passes: not part of any step."""
+        self._validation_s_at_report = 0.0
         self.steps = 0
         """Batches of the training loop this run has done (restored with a checkpoint):
         the unit of every target, report and checkpoint, whatever the optimisation."""
@@ -270,9 +274,12 @@ class LaunchSession:
         step = self.steps
         now = time.monotonic()
         if now - self._last_report_time >= PROGRESS_EVERY_S and step > self._last_report_step:
-            per_step = (now - self._last_report_time) / (step - self._last_report_step)
+            training_s = now - self._last_report_time
+            training_s -= self._validation_s - self._validation_s_at_report
+            per_step = max(training_s, 0.0) / (step - self._last_report_step)
             self._report(trainer, "step", step, per_step)
             self._last_report_time, self._last_report_step = now, step
+            self._validation_s_at_report = self._validation_s
         agreed = self.vote.collect()
         if agreed.preempt:
             self._emergency_exit(trainer)
@@ -328,11 +335,22 @@ class LaunchSession:
             self._report(trainer, "done", self.steps, mean_step_s)
 
     def _mean_step_s(self, trainer: pl.Trainer) -> float:
-        """Mean step time of this attempt so far (0 before the first step)."""
+        """Mean step time of this attempt so far, validation passes left out (0 before
+        the first step)."""
         steps = self.steps - self._first_step
         if steps <= 0 or self._train_started_at is None:
             return 0.0
-        return (time.monotonic() - self._train_started_at) / steps
+        training_s = time.monotonic() - self._train_started_at - self._validation_s
+        return max(training_s, 0.0) / steps
+
+    def validation_started(self) -> None:
+        """A validation pass begins (not the sanity check): its time is no step's."""
+        self._validation_from = time.monotonic()
+
+    def validation_ended(self) -> None:
+        if self._validation_from is not None:
+            self._validation_s += time.monotonic() - self._validation_from
+            self._validation_from = None
 
     def close(self) -> None:
         if self.watcher is not None:

@@ -174,6 +174,8 @@ class ModelFacts:
     """``None`` when not distributed (no :class:`Communication` record)."""
     created_at: str = ""
     dataset_size: int | None = None
+    validation: dict[str, Any] | None = None
+    """Validation passes between training batches (``callback._validation_facts``)."""
     """Samples one epoch consumes across all ranks (for ``--epochs`` targets), if known."""
     trainer_limits: dict[str, Any] | None = None
     """The script's own ``max_steps``/``max_epochs``, batches per epoch and measured
@@ -410,6 +412,8 @@ def _extra(facts: ModelFacts) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if facts.dataset_size:
         extra["dataset_size"] = facts.dataset_size
+    if facts.validation is not None:
+        extra["validation"] = dict(facts.validation)
     if facts.trainer_limits:
         extra["trainer"] = dict(facts.trainer_limits)
     if facts.script is not None:

@@ -478,6 +478,13 @@ def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
     if steady is not None:  # what the prediction is for: no start-up, no first steps
         measured += f"; {steady * 1e3:.1f} ms steady (median after warm-up)"
     rows.append(("step time (measured)", measured))
+    if expected.validation_s > 0:  # the steps above leave the passes out; the plan does not
+        rows.append(
+            (
+                "validation (predicted)",
+                f"{expected.validation_s * 1e3:.1f} ms a step, in the plan's time and cost",
+            )
+        )
     rows.append(("steps done", f"{run.steps_done} / {run.target_steps}"))
     resumed = [a.resumed_from for a in run.attempts if a.resumed_from]
     rows.append(("resumed from", ", ".join(resumed) or "-"))

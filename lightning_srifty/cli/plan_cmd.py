@@ -229,6 +229,10 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
             f"{_batch(p)}, {format_hours(p.time_to_target_h)}, {format_money(p.cost_usd)} "
             f"({format_money(p.hourly_usd)}/h)"
         )
+        if p.validation_s > 0:
+            lines.append(
+                f"    validation {format_seconds(p.validation_s)} a step (in time and cost)"
+            )
     best = result.best
     if result.baselines:
         lines.append("baselines (what plan #1 saves against each):")
@@ -242,6 +246,14 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
         )
     lines.extend(textwrap.wrap(_searched(result), width=width))
     return lines
+
+
+def _validation(p: Plan) -> str:
+    """`` + 1.2 ms validation``: the script's validation passes per step, which the time
+    and cost include and the step does not."""
+    if p.validation_s <= 0:
+        return ""
+    return f" + {format_seconds(p.validation_s)} validation"
 
 
 def _batch(p: Plan) -> str:
@@ -290,7 +302,7 @@ def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -
             zones,
             str(p.cluster.world_size),
             _batch(p),
-            f"{format_seconds(p.step_s)} ± {format_seconds(spread)}",
+            f"{format_seconds(p.step_s)} ± {format_seconds(spread)}{_validation(p)}",
             format_hours(p.time_to_target_h),
             format_money(p.cost_usd),
             format_money(p.hourly_usd),

@@ -108,3 +108,7 @@ class StepTimeArrays:
     """(n, G) int: samples per GPU per step assigned to each group (0 where absent)."""
     global_batch: np.ndarray
     """(n,) int: samples per step across the cluster."""
+    validation_s: np.ndarray | None = None
+    """(n,) validation seconds per training batch (the profile's passes on each
+    candidate; :mod:`~lightning_srifty.core.validation`), not part of the step;
+    ``None`` without validation."""

@@ -102,6 +102,9 @@ class Plan:
     label: str = ""
     per_process_batch: int = 0
     """Samples per step on each process: the script's own batch (0: not recorded)."""
+    validation_s: float = 0.0
+    """Validation seconds per step (the script's passes between training batches): in
+    :attr:`time_to_target_h` and :attr:`cost_usd`, not in :attr:`step_s`."""
 
     @property
     def step_sigma(self) -> float:

@@ -25,6 +25,9 @@ class Expectation:
     high_s: float
     hourly_usd: float
     target_steps: int
+    validation_s: float = 0.0
+    """Validation seconds per step on the running cluster, beside ``step_s`` (which, like
+    the measured steps, leaves the passes out)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ def snapshot(
     measured = measured_step_time(events)
     remaining = max(expect.target_steps - steps_done, 0)
     per_step = measured if measured is not None else expect.step_s
+    per_step += expect.validation_s
     eta = remaining * per_step if per_step > 0 else None
     return Snapshot(
         steps_done=steps_done,

@@ -73,6 +73,7 @@ from lightning_srifty.core.links import (
 from lightning_srifty.core.lognormal import Z90
 from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.trees import cell_codes
+from lightning_srifty.core.validation import validation_cost
 
 GIB = 1024**3
 MEMORY_HEADROOM = 0.92
@@ -126,6 +127,8 @@ class Prediction:
     """Effective per-GPU rate of the slowest GPU link in use (``inf``: none in use)."""
     inter_bytes_s: float = float("inf")
     """Effective network rate per node of the slowest node (``inf``: one node)."""
+    validation_s: float = 0.0
+    """Validation seconds per training batch (the script's passes), not in ``step_s``."""
 
 
 @dataclass(frozen=True)
@@ -683,7 +686,15 @@ class PerformanceModel:
             low_log = np.where(rerun, -own_spread, low_log)
             high_log = np.where(rerun, own_spread, high_log)
         memory = np.where(present, static + per_sample * b_int, 0.0) / GIB
+        validation = np.zeros(n)
+        cost = validation_cost(profile)
+        if cost is not None:
+            # a pass runs the job forward on these GPUs: its compute's pace, not the links'
+            profiled = _row_max(np.where(present, at_b, 0.0))
+            pace = mean_compute / np.maximum(profiled, _LOG_FLOOR)
+            validation = cost.seconds_per_batch(pace, world)
         return {
+            "validation": validation,
             "step": step,
             "low": step * np.exp(low_log),
             "high": step * np.exp(high_log),
@@ -844,6 +855,7 @@ class PerformanceModel:
             fits=out["fits"],
             local_batch=out["local_batch"],
             global_batch=out["global_batch"],
+            validation_s=out["validation"],
         )
 
     def predict(
@@ -896,6 +908,7 @@ class PerformanceModel:
             ),
             intra_bytes_s=float(out["intra_bw"][0]),
             inter_bytes_s=float(out["inter_bw"][0]),
+            validation_s=float(out["validation"][0]),
         )
 
 

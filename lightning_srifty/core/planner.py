@@ -765,8 +765,9 @@ def estimate_step_seconds(
     model: PerformanceModel, profile: Profile, offer: Offer, nodes: int
 ) -> float:
     """Expected seconds per step of ``nodes`` × ``offer`` under the planner's batch rules:
-    the mean of the step's log-normal, what the planner prices, so that SkyPilot's
-    optimizer ranks by the same expected time and cost.
+    the mean of the step's log-normal with the script's validation passes per step, what
+    the planner prices, so that SkyPilot's optimizer ranks by the same expected time and
+    cost.
 
     For SkyPilot's ``Task.set_time_estimator`` hook; infinite when the model does not
     fit or the accelerator is unknown, so SkyPilot's optimizer never picks it.
@@ -775,8 +776,9 @@ def estimate_step_seconds(
     out = _predict(model, profile, cand, batch_semantics(profile))
     if not bool(out.fits[0]):
         return math.inf
-    spread = step_sigma(out.step_s[0], out.low_s[0], out.high_s[0])
-    return float(out.step_s[0] * mean_factor(spread))
+    extra = 0.0 if out.validation_s is None else float(out.validation_s[0])
+    spread = step_sigma(out.step_s[0] + extra, out.low_s[0] + extra, out.high_s[0] + extra)
+    return float((out.step_s[0] + extra) * mean_factor(spread))
 
 
 def target_steps_at_base(profile: Profile, request: PlanRequest) -> int:
@@ -823,6 +825,8 @@ class _Table:
     step: np.ndarray
     low: np.ndarray
     high: np.ndarray
+    validation: np.ndarray
+    """Validation seconds per training batch (not in ``step``; in ``time_h``)."""
     global_batch: np.ndarray
     ok: np.ndarray
     """Fits in memory, known accelerator, within GPU limits and batch rules."""
@@ -949,7 +953,10 @@ def evaluate(
         has_b, nodes_b * gpn[units.type_index[safe_b]], 0
     )
     step, low, high = col("step_s"), col("low_s"), col("high_s")
-    sigma = step_sigma(step, low, high)  # the step's log-normal spread
+    validation = col("validation_s") if out_h.validation_s is not None else np.zeros(step.shape)
+    # the run's pace per batch: the step and the script's validation passes between steps
+    paced, paced_low, paced_high = step + validation, low + validation, high + validation
+    sigma = step_sigma(paced, paced_low, paced_high)  # the pace's log-normal spread
     global_batch = col("global_batch")
     ok = col("fits") & np.isfinite(step) & (step > 0)
     if request.max_gpus is not None:
@@ -958,7 +965,7 @@ def evaluate(
     hourly = units.price[unit_a] * nodes_a + np.where(has_b, units.price[safe_b] * nodes_b, 0.0)
     rate = units.rate[unit_a] * nodes_a + np.where(has_b, units.rate[safe_b] * nodes_b, 0.0)
     spot = units.spot[unit_a]
-    work_h = np.where(ok, steps * step / 3600.0, np.inf)
+    work_h = np.where(ok, steps * paced / 3600.0, np.inf)
     ckpt_s = request.checkpoint_cost_s or default_checkpoint_s(profile)
     outcome = spot_expectations(
         work_h,
@@ -979,6 +986,7 @@ def evaluate(
         step=step,
         low=low,
         high=high,
+        validation=validation,
         global_batch=global_batch,
         ok=ok,
         hourly=hourly,
@@ -1126,6 +1134,7 @@ def _plan(table: _Table, units: _Units, i: int, label: str = "") -> Plan:
         step_s=float(table.step[i]),
         step_low_s=float(table.low[i]),
         step_high_s=float(table.high[i]),
+        validation_s=float(table.validation[i]),
         global_batch=int(table.global_batch[i]),
         per_process_batch=int(table.global_batch[i]) // max(cluster.world_size, 1),
         steps_to_target=int(table.steps[i]),
@@ -1384,6 +1393,7 @@ def plan_to_dict(plan_: Plan) -> dict[str, Any]:
         "step_high_s": plan_.step_high_s,
         "step_mean_s": plan_.step_mean_s,
         "step_sigma": plan_.step_sigma,
+        "validation_s": plan_.validation_s,
         "per_process_batch": plan_.per_process_batch,
         "global_batch": plan_.global_batch,
         "steps_to_target": plan_.steps_to_target,

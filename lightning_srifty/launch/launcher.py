@@ -794,18 +794,19 @@ def _expectation(
     processes locally: a probe's measurement of them, when one ran)."""
     if local is not None:
         topology = local.topology_for(p.cluster)
+        run = predict_per_step(model, profile, local_cluster(profile, topology))
+        validation_s = run.validation_s
         if topology in local.measured:
             step, p10, p90 = local.measured[topology]
             cal = model.calibration
             low = min(step * math.exp(min(cal.residual_low, 0.0)), p10)
             high = max(step * math.exp(max(cal.residual_high, 0.0)), p90)
-            return Expectation(step, low, high, p.hourly_usd, target)
-        run = predict_per_step(model, profile, local_cluster(profile, topology))
+            return Expectation(step, low, high, p.hourly_usd, target, validation_s)
         share = profile_core_share(profile)
         if share is not None:  # a CPU profile: the run's processes share this machine
             run = on_shared_cores(run, share, *local.core_shares(topology, profile_share=share))
-        return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target)
-    return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target)
+        return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target, validation_s)
+    return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target, p.validation_s)
 
 
 def _script_for(options: LaunchOptions, backend: Backend) -> str:

@@ -150,7 +150,8 @@ class PolicyDecider:
 
         def per_base_step_s(p: Plan) -> float:
             # a step of a bigger cluster does more of the work (its plan needs fewer)
-            return p.step_s * p.steps_to_target / remaining if p.steps_to_target else p.step_s
+            paced = p.step_s + p.validation_s
+            return paced * p.steps_to_target / remaining if p.steps_to_target else paced
 
         slowest = max(per_base_step_s(p) for p in known)
 

@@ -116,7 +116,8 @@ class Refiner:
         model = PerformanceModel(self.gpu_specs, refitted_cal)
         refitted = predict_per_step(model, self.profile, cluster).step_s
         # the plan as it runs: its own step time scaled by what the measurement showed
-        stay_step = plan.step_s * measured_step_s / max(predicted, 1e-12)
+        # (the measured step leaves validation passes out; the plan prices them apart)
+        stay_step = plan.step_s * measured_step_s / max(predicted, 1e-12) + plan.validation_s
         stay_steps = float(batches.steps_on(remaining_base, plan.cluster.world_size))
         stay_hours = stay_steps * stay_step / 3600.0
         stay_cost = stay_hours * plan.hourly_usd

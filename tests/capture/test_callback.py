@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -398,3 +399,62 @@ def test_a_ctc_model_with_host_lengths_trains_under_the_callback(
     profile = load_profile(tmp_path / "srifty" / "profile.json")
     assert profile.flops_per_step > 0  # the convolution and the GRU were counted
     assert {x.module_type for x in profile.layers} >= {"Conv1d", "GRU", "Linear"}
+
+
+class _Validated(pl.LightningModule):
+    """A regressor with a validation set: 10 training batches an epoch, 6 validation."""
+
+    def __init__(self, val_sleep_s: float) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+        self.val_sleep_s = val_sleep_s
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        time.sleep(self.val_sleep_s)  # a pass worth pricing, whatever this machine's speed
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    @staticmethod
+    def loader(n: int) -> torch.utils.data.DataLoader:
+        data = torch.utils.data.TensorDataset(torch.randn(n, 8), torch.randn(n, 1))
+        return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+@pytest.mark.parametrize(
+    ("interval", "every_n_epochs", "between", "per_epoch"),
+    [(1.0, 1, 10.0, True), (0.5, 2, 10.0, True), (4, None, 4.0, False)],
+)
+def test_validation_passes_are_recorded_with_their_period(
+    tmp_path: Path,
+    interval: float,
+    every_n_epochs: int | None,
+    between: float,
+    per_epoch: bool,
+) -> None:
+    """What validation adds to a run: its batches per pass, the training batches between
+    passes as Lightning schedules them, and one batch timed in the sanity check (its
+    first batch warms up)."""
+    callback = SriftyCallback(warmup_steps=2, profile_steps=3, verbose=False)
+    model = _Validated(val_sleep_s=0.02)
+    _trainer(
+        tmp_path, callback, max_steps=12, val_check_interval=interval,
+        check_val_every_n_epoch=every_n_epochs,
+    ).fit(model, _Validated.loader(40), _Validated.loader(24))  # fmt: skip
+    profile = load_profile(tmp_path / "srifty" / "profile.json")
+    record = profile.extra["validation"]
+    assert record["batches_per_pass"] == 6
+    assert record["train_batches_between"] == between
+    assert record["per_epoch"] is per_epoch
+    assert record["timed_batches"] == 1  # Lightning's 2 sanity batches, the first left out
+    assert record["batch_s"] >= 0.02
+
+
+def test_no_validation_record_without_a_validation_loader(tmp_path: Path) -> None:
+    callback = SriftyCallback(warmup_steps=2, profile_steps=3, verbose=False)
+    _trainer(tmp_path, callback, max_steps=6).fit(_Validated(0.0), _Validated.loader(40))
+    assert "validation" not in load_profile(tmp_path / "srifty" / "profile.json").extra

@@ -132,3 +132,32 @@ def test_two_processes_keep_the_scripts_batch_the_plan_printed(
     ran = [(w, b) for _, w, b in traced(in_tmp) if w == 2]
     assert ran and set(ran) == {(2, 32)}
     assert re.search(r"step time \(predicted\): [\d.]+ ms \[[\d.]+, [\d.]+\]", out)
+
+
+def test_validation_passes_are_priced_apart_from_the_step(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass of 5 validation batches of at least 0.2 s every 40 training batches is at
+    least 25 ms a step: the plan prices it (time and cost), and the measured step, like
+    the predicted one, leaves it out. Before, a plan left out every pass, and each pass
+    landed in the measured step as if training had slowed."""
+    monkeypatch.setenv("VAL_SLEEP_S", "0.2")
+    code, out, err = launch(
+        [str(SCRIPTS / "validated.py"), "--target-steps", "200", "--cluster", "g4dn.xlarge:1",
+         "--no-refine", *BASE],
+        capfd,
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    found = re.search(r"validation \(predicted\): ([\d.]+) ms a step", out)
+    assert found, out[-2000:]
+    assert 25.0 <= float(found.group(1)) < 60.0
+    run = only_run(in_tmp)
+    trained = events(run, "progress-1.jsonl")
+    resumed = next(e for e in trained if e.event == "resumed")
+    done = next(e for e in trained if e.event == "done")
+    training_s = done.step_s * (done.step - resumed.step)
+    # a pass at every 40th step after the handover (the last one's may follow the
+    # target), each with 1 s of sleep
+    passes = len(range(resumed.step // 40 * 40 + 40, done.step, 40))
+    assert passes >= 1, resumed
+    assert done.time - resumed.time - training_s >= 0.95 * passes

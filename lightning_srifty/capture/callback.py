@@ -282,8 +282,12 @@ class SriftyCallback(pl.Callback):
         """CPU and wall time of the window's batches from start to end (data waits out)."""
         self._host_share: dict[str, float] | None = None
         self._validation_batch_s: list[float] = []
-        """Validation batches timed before the profile (each pass's first left out)."""
-        self._validation_started: float | None = None
+        """Validation batches timed before the profile, each with its fetch (each pass's
+        first batch left out: it warms up)."""
+        self._validation_overhead_s: list[float] = []
+        """Each timed pass's time outside its batches (loader start, epoch-end logging)."""
+        self._validation_marks: list[float] | None = None
+        """The pass under way: its start, then each batch's start and end."""
         self._measuring = False
         self._in_step = False
         self._handles: list[RemovableHandle] = []
@@ -478,13 +482,20 @@ class SriftyCallback(pl.Callback):
             self._session.exit_if_preempted()  # no validation on a node going away
             if not trainer.sanity_checking:
                 self._session.validation_started()
+        # passes before the profile are timed (the window's hooks would slow them)
+        timed = not self.profiled and not self._measuring
+        self._validation_marks = [time.perf_counter()] if timed else None
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._session is not None and not trainer.sanity_checking:
             self._session.validation_ended()
+        now = time.perf_counter()
+        if self._validation_marks is not None:
+            self._time_validation_pass(self._validation_marks, now)
+            self._validation_marks = None
         if self._last_end_host is not None:
             # the next batch's data wait starts here: a pass is not the loader's time
-            self._last_end_host = time.perf_counter()
+            self._last_end_host = now
 
     def on_validation_batch_start(
         self,
@@ -494,9 +505,8 @@ class SriftyCallback(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        # a pass's first batch warms up; the window's hooks would slow the rest
-        timed = not self.profiled and not self._measuring and (batch_idx, dataloader_idx) > (0, 0)
-        self._validation_started = time.perf_counter() if timed else None
+        if self._validation_marks is not None:
+            self._validation_marks.append(time.perf_counter())
 
     def on_validation_batch_end(
         self,
@@ -507,12 +517,25 @@ class SriftyCallback(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self._validation_started is None:
+        if self._validation_marks is None:
             return
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
-        self._validation_batch_s.append(time.perf_counter() - self._validation_started)
-        self._validation_started = None
+        self._validation_marks.append(time.perf_counter())
+
+    def _time_validation_pass(self, marks: list[float], end: float) -> None:
+        """A pass's cost per batch (the batch and the fetch before it, the first batch
+        left out: it warms up) and its cost outside the batches (its loader's start
+        before the first fetch, the epoch-end logging after the last batch)."""
+        starts, ends = marks[1::2], marks[2::2]
+        if len(starts) < 2 or len(ends) != len(starts):
+            return
+        fetch = [starts[i] - ends[i - 1] for i in range(1, len(starts))]
+        self._validation_batch_s.extend(
+            ends[i] - starts[i] + fetch[i - 1] for i in range(1, len(starts))
+        )
+        setup = max(starts[0] - marks[0] - statistics.median(fetch), 0.0)
+        self._validation_overhead_s.append(setup + end - ends[-1])
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._session is not None:
@@ -944,7 +967,9 @@ class SriftyCallback(pl.Callback):
             comm_backend=backend,
             created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             dataset_size=_samples_per_epoch(trainer, self._local_batch_size),
-            validation=_validation_facts(trainer, self._validation_batch_s),
+            validation=_validation_facts(
+                trainer, self._validation_batch_s, self._validation_overhead_s
+            ),
             trainer_limits=_trainer_limits(
                 trainer,
                 micro,
@@ -1127,16 +1152,20 @@ def _optimizer_state_bytes(optimizers: list[Any]) -> int:
     return total
 
 
-def _validation_facts(trainer: pl.Trainer, batch_s: list[float]) -> dict[str, Any] | None:
+def _validation_facts(
+    trainer: pl.Trainer, batch_s: list[float], overhead_s: list[float]
+) -> dict[str, Any] | None:
     """What validation adds to training: its passes' batches and how often they run.
 
     Lightning validates every ``val_check_batch`` training batches (a share of the epoch,
     or a count across epochs when ``check_val_every_n_epoch=None``), every
     ``check_val_every_n_epoch`` epochs, each pass ``num_val_batches`` batches per
     process. ``None`` without validation or where a pass's length or period is unknown
-    (a stream's epoch). The batch time is the median of the batches timed before the
-    profile (the sanity check's, a pass's first left out); without any the planner
-    takes the window's forward time.
+    (a stream's epoch). The batch time (with its fetch) is the median of the batches
+    timed before the profile (the sanity check's, a pass's first left out), the pass's
+    own cost (its loader's start, its epoch-end logging) the median of the timed
+    passes'; without any the planner takes the window's forward time per batch and
+    nothing per pass.
     """
     if trainer.val_dataloaders is None or not trainer.limit_val_batches:
         return None
@@ -1173,6 +1202,8 @@ def _validation_facts(trainer: pl.Trainer, batch_s: list[float]) -> dict[str, An
     }
     if batch_s:
         out["batch_s"] = statistics.median(batch_s)
+    if overhead_s:
+        out["pass_overhead_s"] = statistics.median(overhead_s)
     return out
 
 

@@ -39,7 +39,12 @@ from lightning_srifty.core.monitor import (
 )
 from lightning_srifty.core.planner import PlanRequest, PlanResult, parse_pinned
 from lightning_srifty.core.spot import POLICY_NAMES
-from lightning_srifty.core.units import format_hours, format_money, parse_duration
+from lightning_srifty.core.units import (
+    format_hours,
+    format_money,
+    format_seconds,
+    parse_duration,
+)
 from lightning_srifty.launch.controller import Migration
 from lightning_srifty.launch.launcher import BACKENDS, LaunchOptions, LaunchOutcome, run_launch
 from lightning_srifty.launch.profiling import ProfileRun
@@ -482,7 +487,7 @@ def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
         rows.append(
             (
                 "validation (predicted)",
-                f"{expected.validation_s * 1e3:.1f} ms a step, in the plan's time and cost",
+                f"{format_seconds(expected.validation_s)} a step, in the plan's time and cost",
             )
         )
     rows.append(("steps done", f"{run.steps_done} / {run.target_steps}"))

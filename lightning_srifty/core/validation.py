@@ -2,10 +2,12 @@
 
 Lightning interleaves validation with training: every so many training batches (a
 share of an epoch by default), each process runs its shard of the validation set
-forward. That time is part of the run the plan buys, and part of the step the launcher
-measures (wall time per training batch), so the planner adds it to each batch: the
-pass's batches per process, over the training batches between two passes, at one
-validation batch's time carried to the candidate's GPUs like the job's compute.
+forward. That time is part of the run the plan buys, so the planner adds it to each
+training batch's time and cost (not to the step, which the launcher measures without
+the passes): a pass's own cost (its loader's start, its epoch-end logging: host work,
+kept as measured) and its batches per process at one validation batch's time carried
+to the candidate's GPUs like the job's compute, over the training batches between two
+passes.
 
 With ``W`` processes (a distributed sampler on both loaders) a pass has ``W0/W`` of the
 profiled batches per process; a period given as a share of the epoch shrinks the same
@@ -39,6 +41,8 @@ class ValidationCost:
     """Processes of the profiling run."""
     timed: bool
     """``batch_s`` was measured; otherwise it is the training step's forward time."""
+    pass_overhead_s: float = 0.0
+    """A pass's time outside its batches (loader start, epoch-end logging), measured."""
 
     def seconds_per_batch(self, compute_ratio: np.ndarray, world: np.ndarray) -> np.ndarray:
         """Validation seconds per training batch on clusters of ``world`` processes whose
@@ -47,7 +51,8 @@ class ValidationCost:
         batches = np.maximum(np.ceil(self.batches_per_pass * shrink), 1.0)
         between = self.train_batches_between * (shrink if self.per_epoch else 1.0)
         between = np.maximum(between, 1.0)
-        return self.batch_s * np.asarray(compute_ratio, dtype=np.float64) * batches / between
+        device = self.batch_s * np.asarray(compute_ratio, dtype=np.float64) * batches
+        return (self.pass_overhead_s + device) / between
 
 
 def validation_cost(profile: Profile) -> ValidationCost | None:
@@ -71,6 +76,9 @@ def validation_cost(profile: Profile) -> ValidationCost | None:
         batch_s = float(profile.steps.forward_s)
     if batch_s <= 0:
         return None
+    overhead = raw.get("pass_overhead_s", 0.0)
+    if not isinstance(overhead, int | float) or not math.isfinite(overhead) or overhead < 0:
+        overhead = 0.0
     return ValidationCost(
         batch_s=batch_s,
         batches_per_pass=batches,
@@ -78,4 +86,5 @@ def validation_cost(profile: Profile) -> ValidationCost | None:
         per_epoch=bool(raw.get("per_epoch", True)),
         world_size=world,
         timed=timed,
+        pass_overhead_s=float(overhead),
     )

@@ -452,6 +452,7 @@ def test_validation_passes_are_recorded_with_their_period(
     assert record["per_epoch"] is per_epoch
     assert record["timed_batches"] == 1  # Lightning's 2 sanity batches, the first left out
     assert record["batch_s"] >= 0.02
+    assert 0.0 <= record["pass_overhead_s"] < 0.02 * 6  # outside the batches
 
 
 def test_no_validation_record_without_a_validation_loader(tmp_path: Path) -> None:

@@ -1,9 +1,12 @@
 """A Lightning script with a validation set, checked at every epoch's end, plus the callback.
 
-40 training batches an epoch and 5 validation batches a pass; ``VAL_SLEEP_S=<s>`` makes
-every validation batch take at least that long (a pass worth pricing on any machine).
+40 training batches an epoch and 5 validation batches a pass by default;
+``VAL_SLEEP_S=<s>`` makes every validation batch take at least that long (a pass worth
+pricing on any machine). ``benchmarks/bench_validation_pricing.py`` sizes it with the
+flags below (``--val-samples 0`` turns validation off).
 
-    python validated.py [--max-epochs N]
+    python validated.py [--max-epochs N] [--train-samples N] [--val-samples N]
+                        [--width W] [--num-workers W]
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from lightning_srifty import SriftyCallback
 
 
 class Regressor(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.net = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width),
+                                 nn.ReLU(), nn.Linear(width, 1))  # fmt: skip
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -43,15 +47,22 @@ class Regressor(L.LightningModule):
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--max-epochs", type=int, default=100)
+    p.add_argument("--train-samples", type=int, default=160)
+    p.add_argument("--val-samples", type=int, default=20)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--num-workers", type=int, default=0)
     args = p.parse_args()
     g = torch.Generator().manual_seed(0)
-    train = TensorDataset(torch.randn(160, 16, generator=g), torch.randn(160, 1, generator=g))
-    val = TensorDataset(torch.randn(20, 16, generator=g), torch.randn(20, 1, generator=g))
+    n, v = args.train_samples, args.val_samples
+    train = TensorDataset(torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g))
+    val = TensorDataset(torch.randn(v, 16, generator=g), torch.randn(v, 1, generator=g))
     trainer = L.Trainer(max_epochs=args.max_epochs, enable_progress_bar=False,
                         enable_model_summary=False, logger=False, enable_checkpointing=False,
+                        limit_val_batches=1.0 if v else 0,
                         callbacks=[SriftyCallback()])  # fmt: skip
-    trainer.fit(Regressor(), DataLoader(train, batch_size=4, shuffle=True),
-                DataLoader(val, batch_size=4))  # fmt: skip
+    workers = {"num_workers": args.num_workers}
+    trainer.fit(Regressor(args.width), DataLoader(train, batch_size=4, shuffle=True, **workers),
+                DataLoader(val, batch_size=4, **workers) if v else None)  # fmt: skip
     return 0
 
 

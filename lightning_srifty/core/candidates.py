@@ -110,5 +110,5 @@ class StepTimeArrays:
     """(n,) int: samples per step across the cluster."""
     validation_s: np.ndarray | None = None
     """(n,) validation seconds per training batch (the profile's passes on each
-    candidate; :mod:`~lightning_srifty.core.validation`), not part of the step;
-    ``None`` without validation."""
+    candidate; :mod:`~lightning_srifty.core.validation`), not part of the step; zeros
+    without validation (``None`` only where an answer was built by hand)."""

@@ -174,9 +174,9 @@ class ModelFacts:
     """``None`` when not distributed (no :class:`Communication` record)."""
     created_at: str = ""
     dataset_size: int | None = None
+    """Samples one epoch consumes across all ranks (for ``--epochs`` targets), if known."""
     validation: dict[str, Any] | None = None
     """Validation passes between training batches (``callback._validation_facts``)."""
-    """Samples one epoch consumes across all ranks (for ``--epochs`` targets), if known."""
     trainer_limits: dict[str, Any] | None = None
     """The script's own ``max_steps``/``max_epochs``, batches per epoch and measured
     optimizer steps per batch (see ``callback._trainer_limits``)."""

@@ -776,9 +776,17 @@ def estimate_step_seconds(
     out = _predict(model, profile, cand, batch_semantics(profile))
     if not bool(out.fits[0]):
         return math.inf
-    extra = 0.0 if out.validation_s is None else float(out.validation_s[0])
-    spread = step_sigma(out.step_s[0] + extra, out.low_s[0] + extra, out.high_s[0] + extra)
-    return float((out.step_s[0] + extra) * mean_factor(spread))
+    paced, spread = _pace(out.step_s, out.low_s, out.high_s, out.validation_s)
+    return float(paced[0] * mean_factor(spread[0]))
+
+
+def _pace(
+    step: np.ndarray, low: np.ndarray, high: np.ndarray, validation: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The run's median seconds per batch (the step and the script's validation passes
+    between steps) and its log-normal spread: what time and cost are priced at."""
+    extra = np.zeros(np.shape(step)) if validation is None else validation
+    return step + extra, step_sigma(step + extra, low + extra, high + extra)
 
 
 def target_steps_at_base(profile: Profile, request: PlanRequest) -> int:
@@ -954,9 +962,7 @@ def evaluate(
     )
     step, low, high = col("step_s"), col("low_s"), col("high_s")
     validation = col("validation_s") if out_h.validation_s is not None else np.zeros(step.shape)
-    # the run's pace per batch: the step and the script's validation passes between steps
-    paced, paced_low, paced_high = step + validation, low + validation, high + validation
-    sigma = step_sigma(paced, paced_low, paced_high)  # the pace's log-normal spread
+    paced, sigma = _pace(step, low, high, validation)
     global_batch = col("global_batch")
     ok = col("fits") & np.isfinite(step) & (step > 0)
     if request.max_gpus is not None:

@@ -526,11 +526,15 @@ class Controller:
             self.backend.stop(handle)
         progress.poll()
         reached = max((e.step for e in progress.events), default=start)
+        # The step the job says it started from: the controller's guess is 0 where no
+        # store tells it the newest checkpoint, which would bill the probe the
+        # profiling run's steps as well.
+        began = next((e.step for e in progress.events if e.event in ("start", "resumed")), start)
         return ProbeReport(
             plan=plan,
             measured_step_s=steady_step_time(progress.events),
             spread_s=steady_spread(progress.events),
-            steps=max(reached - start, 0),
+            steps=max(reached - began, 0),
             elapsed_s=self.clock() - t0,
             state=state,
             allreduce=next(

@@ -30,7 +30,7 @@ from lightning_srifty.launch.local_backend import LocalBackend
 from lightning_srifty.launch.migration import Candidates, PolicyDecider, plan_key
 from lightning_srifty.launch.profiling import run_profile
 from tests.fakes import RecordingUI
-from tests.launch.e2e import handover_step
+from tests.launch.e2e import events, handover_step
 
 pytestmark = pytest.mark.slow
 
@@ -154,6 +154,10 @@ def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
     assert duo.measured_step_s is not None and duo.measured_step_s > duo.predicted_high_s
     # measured by this probe's own run, not read from the leftover lines
     assert duo.measured_step_s < 9.0 and duo.elapsed_s > duo.steps * 0.2  # it slept 0.2 s a step
+    # its steps count from the checkpoint it resumed, not the profiling run's as well
+    ran = events(run_dir, f"probe-{duo.index}.jsonl")
+    assert ran[0].event == "resumed" and ran[0].step == handover_step(run_dir) > 0
+    assert duo.steps == max(e.step for e in ran) - ran[0].step
     assert len({b for b, _ in duo.allreduce}) >= 2 and all(t > 0 for _, t in duo.allreduce)
     assert duo.measured_gbps is not None and duo.measured_gbps > 0
     assert duo.cost_usd == pytest.approx(duo.elapsed_s / 3600 * 1.6)

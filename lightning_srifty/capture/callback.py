@@ -234,6 +234,7 @@ class SriftyCallback(pl.Callback):
         self._launch_settings = LaunchSettings.from_env(self._env)
         self._session: LaunchSession | None = None
         self._pending_rng: list[dict[str, Any]] | None = None
+        self._training_ended = False
         self.profiled = False
         self.profile: Profile | None = None
         self.written_path: Path | None = None
@@ -251,6 +252,7 @@ class SriftyCallback(pl.Callback):
             state["rng"] = gather_rng_states()
             state["steps"] = self._session.steps
             state["loaders"] = self._session.loader_states()
+            state["epoch_closed"] = self._session.epoch_closed()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -263,6 +265,18 @@ class SriftyCallback(pl.Callback):
         loaders = state_dict.get("loaders")
         if self._session is not None and isinstance(loaders, list):
             self._session.pending_loader_states = [x for x in loaders if isinstance(x, dict)]
+        if self._session is not None and state_dict.get("epoch_closed") is True:
+            # Saved after an epoch's last batch: the uninterrupted run drew the next
+            # epoch's loader seeds from this state when it created their iterators, which
+            # a resumed Lightning does before ``on_train_start``; restore it before then.
+            self._session.before_training_loaders = self._restore_rng
+
+    def _restore_rng(self) -> None:
+        """Sets this rank's generators from the checkpoint, once."""
+        pending, self._pending_rng = self._pending_rng, None
+        state = rng_state_for_this_rank(pending) if pending else None
+        if state is not None:
+            restore_rng_state(state)
 
     def _reset_window(self) -> None:
         self._clock: Clock = CpuClock()
@@ -348,12 +362,9 @@ class SriftyCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._session is not None:
-            if self._pending_rng:
-                # Last, after every restore step, so nothing draws in between.
-                state = rng_state_for_this_rank(self._pending_rng)
-                if state is not None:
-                    restore_rng_state(state)
-            self._pending_rng = None
+            # Last, after every restore step, so nothing draws in between (unless the
+            # checkpoint closed its epoch: then it was restored before the loaders).
+            self._restore_rng()
             self._session.on_train_start(trainer)
         if self.profiled:
             return
@@ -549,6 +560,7 @@ class SriftyCallback(pl.Callback):
         """Training ended inside the window: keep what was measured rather than nothing."""
         self._stop_flop_count(pl_module)
         if self._measuring:
+            self._training_ended = True  # the script's Trainer stopped, not the window
             self._end_window(trainer, pl_module)
         state_dir = self._env.get(ENV_STATE_DIR)
         if state_dir and self.written_path is None and trainer.is_global_zero:
@@ -904,7 +916,7 @@ class SriftyCallback(pl.Callback):
     def _on_window_done(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Under the launcher's profile mode: checkpoint here, then stop cleanly."""
         if self._session is not None:
-            self._session.on_profile_done(trainer)
+            self._session.on_profile_done(trainer, training_ended=self._training_ended)
 
     def _output_path(self, trainer: pl.Trainer) -> Path:
         if self._explicit_path is not None:

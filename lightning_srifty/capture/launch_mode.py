@@ -126,6 +126,8 @@ class LaunchSession:
         or a :class:`ResumingStreamLoader`."""
         self._trainer: pl.Trainer | None = None
         self.pending_loader_states: list[dict[str, Any]] | None = None
+        self.before_training_loaders: Callable[[], None] | None = None
+        """Run once before the first training loader is prepared (a resume's RNG)."""
         """Where the restored checkpoint's loaders stood (set by the callback's state)."""
 
     # ----------------------------------------------------------- lifecycle
@@ -187,6 +189,9 @@ class LaunchSession:
             prepared = original(dataloader, shuffle, mode)
             if mode != RunningStage.TRAINING:
                 return prepared
+            first, self.before_training_loaders = self.before_training_loaders, None
+            if first is not None:
+                first()
             rebuilt = make_resumable(prepared, lambda: int(trainer.current_epoch))
             if rebuilt is None:
                 return prepared
@@ -210,7 +215,19 @@ class LaunchSession:
             return []
         current: Any = trainer.fit_loop.epoch_loop.batch_progress.current
         done = int(current.processed)
-        return [s.position(done, int(trainer.world_size)) for s in self.samplers]
+        closed = self.epoch_closed()
+        world = int(trainer.world_size)
+        return [s.position(done, world, epoch_closed=closed) for s in self.samplers]
+
+    def epoch_closed(self) -> bool:
+        """Whether the training batches done so far end the epoch (a resume then starts
+        the next epoch, whose loaders draw their orders afresh)."""
+        trainer = self._trainer
+        if trainer is None:
+            return False
+        batches = trainer.num_training_batches
+        current: Any = trainer.fit_loop.epoch_loop.batch_progress.current
+        return isinstance(batches, int) and 0 < batches <= int(current.processed)
 
     def _check_world_size(self, trainer: pl.Trainer) -> None:
         """Stops a job whose Trainer does not run the processes the launcher started.
@@ -318,11 +335,23 @@ class LaunchSession:
             return False  # inside an accumulation cycle: stop at the optimizer step
         return trainer.current_epoch + done / batches >= epochs
 
-    def on_profile_done(self, trainer: pl.Trainer) -> None:
-        """Profile mode: checkpoint where the window ended, then end training cleanly."""
+    def on_profile_done(self, trainer: pl.Trainer, *, training_ended: bool = False) -> None:
+        """Profile mode: checkpoint where the window ended, then end training cleanly.
+
+        ``training_ended``: the script's own Trainer ended training inside the window
+        (``EarlyStopping``, its ``max_epochs``): the job is done as the script defines it,
+        so the checkpoint is the final one and the launcher is told why, not handed a job
+        to resume (a resumed ``EarlyStopping`` fails without its metric).
+        """
         if self.settings.mode != proto.MODE_PROFILE:
             return
-        self.save(trainer, "profile-end")
+        self.save(trainer, "final" if training_ended else "profile-end")
+        if training_ended and self.settings.state_dir is not None and trainer.is_global_zero:
+            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            why = why_training_ended(trainer)
+            (self.settings.state_dir / proto.TRAINING_ENDED_MARKER).write_text(
+                f"{self.steps}\n{why}\n"
+            )
         self._report(trainer, "profile-done", self.steps, 0.0)
         trainer.should_stop = True
 
@@ -466,6 +495,24 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(name, "")
     return Path(raw) if raw else None
+
+
+def why_training_ended(trainer: pl.Trainer) -> str:
+    """The script's own rule that ended training, in words: a stopping callback's message
+    (Lightning's ``EarlyStopping`` keeps one), else the limit reached."""
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        message = getattr(callback, "stopping_reason_message", None)
+        if isinstance(message, str) and message.strip():
+            return f"{type(callback).__name__}: {message.strip()}"
+        if int(getattr(callback, "stopped_epoch", 0) or 0) > 0:
+            return f"{type(callback).__name__} stopped it at epoch {callback.stopped_epoch}"
+    if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch:
+        return f"its Trainer(max_epochs={trainer.max_epochs}) was reached"
+    if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:
+        return f"its Trainer(max_steps={trainer.max_steps}) was reached"
+    if trainer.should_stop:
+        return "trainer.should_stop was set by the script or one of its callbacks"
+    return "its training loop ended"
 
 
 def _adopt_early_sigterm(trainer: pl.Trainer, watcher: PreemptionWatcher) -> None:

@@ -457,7 +457,7 @@ class RichUI:
 def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
     """What the run did, as (what, value) rows: a table on a terminal, lines elsewhere."""
     run = outcome.run
-    assert run is not None
+    assert run is not None and outcome.plan_result is not None
     final = run.final
     rows = [("plan chosen", outcome.plan_result.best.cluster.describe())]
     if outcome.local_topology is not None:

@@ -65,6 +65,9 @@ FAILURE_MARKER = "failure"
 SHORT_PROFILE_MARKER = "profile-too-short"
 """Written by the profiling run when training ended before the window was measured,
 with a one-line reason naming the limit that stopped it."""
+TRAINING_ENDED_MARKER = "training-ended"
+"""Written by the profiling run when the script's own Trainer ended training inside the
+window (``EarlyStopping``, ``max_epochs``, ...), with a one-line reason: the run is done."""
 NO_CALLBACK_MARKER = "no-callback"
 """Written by the profiling run when ``Trainer.fit`` starts without the callback."""
 NO_CALLBACK_EXIT_CODE = 3

@@ -192,9 +192,10 @@ class LaunchOutcome:
     """What the whole launch did."""
 
     profile: ProfileRun
-    plan_result: PlanResult
+    plan_result: PlanResult | None
+    """``None`` where nothing was planned: the script ended its training while profiled."""
     run: RunSummary | None
-    """``None`` on a dry run."""
+    """``None`` on a dry run, or where nothing was left to launch."""
     local_topology: LocalTopology | None = None
 
 
@@ -327,6 +328,14 @@ def _run_launch(
 
     profiled = _profile_for(options, ui, backend, store, job_env, uri)
     ui.show_profile(profiled)
+    if profiled.ended_at_step is not None:
+        # No cluster would have anything to train: a launch would only bill its start-up.
+        ui.info(
+            f"{options.script} ended its own training at step {profiled.ended_at_step:,} while "
+            f"it was profiled ({profiled.ended_why}); the run is complete, with its final "
+            f"checkpoint in {uri}: nothing is planned or launched"
+        )
+        return LaunchOutcome(profiled, None, None)
     profile = profiled.profile
     checkpoint_s = measured_checkpoint_s(store)
 

@@ -34,6 +34,11 @@ class ProfileRun:
     profile: Profile
     profile_path: Path
     exit_code: int
+    ended_at_step: int | None = None
+    """Set where the script's own Trainer ended training inside the profiling window
+    (``EarlyStopping``, ``max_epochs``): the job is done at that step."""
+    ended_why: str = ""
+    """The script's rule that ended it, in words."""
 
 
 def profile_env(
@@ -104,4 +109,11 @@ def run_profile(
             "srifty never lifts the script's own limits: let it train longer (raise them, "
             "or more data) or lower SriftyCallback(warmup_steps=..., profile_steps=...)"
         )
+    ended = state_dir / proto.TRAINING_ENDED_MARKER
+    if ended.exists():
+        step, _, why = ended.read_text().partition("\n")
+        if step.strip().isdigit():
+            return ProfileRun(
+                load_profile(profile_path), profile_path, code, int(step), why.strip()
+            )
     return ProfileRun(load_profile(profile_path), profile_path, code)

@@ -175,3 +175,76 @@ def test_a_sigterm_lightning_took_before_training_becomes_the_runs_notice() -> N
     finally:
         watcher.close()
         connector.teardown()
+
+
+class _Shuffled(pl.LightningModule):
+    """Dropout and a shuffled plain loader: the loss of each step depends on the order
+    and on the generator's state alike; ``losses`` keeps each step's exact loss."""
+
+    def __init__(self, paired: bool) -> None:
+        super().__init__()
+        import torch
+
+        self.paired = paired
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
+                                       torch.nn.Linear(16, 2))  # fmt: skip
+        self.losses: dict[int, str] = {}
+
+    def train_dataloader(self) -> object:
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(
+            torch.randn(160, 8, generator=g), torch.randint(0, 2, (160,), generator=g)
+        )
+        loader = DataLoader(data, batch_size=16, shuffle=True)  # 10 batches an epoch
+        if not self.paired:
+            return loader
+        short = DataLoader(TensorDataset(*data[:48]), batch_size=16, shuffle=True)
+        return {"long": loader, "short": short}
+
+    def training_step(self, batch: object, batch_idx: int) -> object:
+        import torch
+
+        pairs = list(batch.values()) if isinstance(batch, dict) else [batch]
+        loss = sum(torch.nn.functional.cross_entropy(self.net(x), y) for x, y in pairs)
+        self.losses[self.global_step + 1] = float(loss.detach()).hex()
+        return loss
+
+    def configure_optimizers(self) -> object:
+        import torch
+
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def _fit_to(
+    steps: int, store: Path, paired: bool, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, str]:
+    monkeypatch.setenv(proto.ENV_MODE, proto.MODE_TRAIN)
+    monkeypatch.setenv(proto.ENV_CHECKPOINT_URI, str(store))
+    monkeypatch.setenv(proto.ENV_TARGET_STEPS, str(steps))
+    pl.seed_everything(0)
+    module = _Shuffled(paired)
+    pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, default_root_dir=store.parent,
+               callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
+               ).fit(module)  # fmt: skip
+    return module.losses
+
+
+@pytest.mark.parametrize("paired", [False, True], ids=["one-loader", "a-dict-of-loaders"])
+def test_a_resume_from_an_epochs_last_batch_draws_the_next_epochs_order_as_uninterrupted(
+    paired: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run stops at the epoch's last batch (its checkpoint closes the epoch): the
+    next epoch's orders are drawn when Lightning creates its loader iterators, which a
+    resumed Lightning does before ``on_train_start``, where the generators used to be
+    restored; the resumed epoch then ran in other orders than the uninterrupted one."""
+    whole = _fit_to(30, tmp_path / "whole", paired, monkeypatch)
+    first = _fit_to(10, tmp_path / "split", paired, monkeypatch)
+    refs = open_store(str(tmp_path / "split"), keep=10).refs()
+    assert refs[0].step == 10  # the epoch's last batch
+    second = _fit_to(30, tmp_path / "split", paired, monkeypatch)
+    assert sorted(first) == list(range(1, 11)) and sorted(second) == list(range(11, 31))
+    assert {**first, **second} == whole

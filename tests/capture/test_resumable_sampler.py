@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, TensorDataset
 
@@ -104,3 +105,63 @@ def test_a_streams_checkpoint_from_a_closed_epoch_drops_nothing() -> None:
 
 def test_a_stream_is_left_alone_without_the_trainers_epoch() -> None:
     assert make_resumable(DataLoader(_Stream(), batch_size=4)) is None
+
+
+def _two_loaders(epoch: list[int]) -> tuple[DataLoader, DataLoader]:
+    """A long loader (10 batches) and a short one (3 batches, cycled), both shuffled."""
+    long = make_resumable(DataLoader(DATA, batch_size=4, shuffle=True), lambda: epoch[0])
+    short = make_resumable(
+        DataLoader(TensorDataset(torch.arange(100, 112)), batch_size=4, shuffle=True),
+        lambda: epoch[0],
+    )
+    assert long is not None and short is not None
+    return long, short
+
+
+def _combined(long: DataLoader, short: DataLoader) -> Iterator[list[list[int]]]:
+    """What Lightning trains on from a dict of training loaders: its own CombinedLoader
+    in ``max_size_cycle`` mode, the short loader starting a new pass when it runs out.
+    Its loader iterators are created here, as Lightning's ``setup_data`` does."""
+    from lightning.pytorch.utilities import CombinedLoader
+
+    combined = iter(CombinedLoader({"a": long, "b": short}, "max_size_cycle"))
+    return ([batch["a"][0].tolist(), batch["b"][0].tolist()] for batch, _, _ in combined)
+
+
+@pytest.mark.parametrize("done", [2, 4, 6, 7, 9])
+def test_a_shorter_loader_of_several_resumes_in_the_pass_it_stood_in(done: int) -> None:
+    """A dict of loaders: the short one draws a new order for each pass over its 3
+    batches; the resumed run goes on in the pass it stood in, at its batch, and its later
+    passes draw their orders as the uninterrupted run did. As in Lightning, a sized
+    loader is not fetched ahead, and a resumed run creates its loader iterators before
+    the callback restores the generators (``on_train_start``). At 6 the short loader had
+    ended its second pass: the uninterrupted run makes a new iterator for the third."""
+    epoch = [1]
+    torch.manual_seed(0)
+    long, short = _two_loaders(epoch)
+    run = _combined(long, short)
+    seen = [next(run) for _ in range(done)]
+    states = [_sampler(x).position(done, world_size=1) for x in (long, short)]
+    rng = torch.get_rng_state()
+    uninterrupted = list(run)
+    resumed = _two_loaders(epoch)
+    for loader, state in zip(resumed, states, strict=True):
+        _sampler(loader).resume(state, world_size=1)
+    again = _combined(*resumed)
+    torch.set_rng_state(rng)  # what the checkpoint's callback state restores
+    assert len(seen) + len(uninterrupted) == BATCHES
+    assert list(again) == uninterrupted
+
+
+def test_the_passes_of_a_closed_epoch_are_not_counted_in_the_next() -> None:
+    """Lightning calls ``set_epoch`` on the inner sampler, not on ours: the Trainer's
+    epoch tells a new epoch's passes from the last one's."""
+    epoch = [0]
+    torch.manual_seed(0)
+    long, short = _two_loaders(epoch)
+    list(_combined(long, short))
+    epoch[0] = 1
+    run = _combined(long, short)
+    next(run), next(run)
+    state = _sampler(short).position(2, world_size=1)
+    assert state["epoch"] == 1 and state["batches"] == 2 and state["before"] == 0

@@ -107,6 +107,26 @@ def test_a_stream_resumes_at_the_exact_batch(
     _same(reference, launched)
 
 
+def test_a_dict_of_loaders_resumes_each_in_its_pass(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two loaders in a dict: Lightning cycles the short one (15 batches) four times an
+    epoch of the long one's 63, each pass in a new order. Before, a resume skipped the
+    short one by the epoch's batch count and the curve parted at the handover."""
+    reference = _python(
+        2000, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent, "--paired"
+    )
+    monkeypatch.setenv("STEP_SLEEP_S", "0.003")
+    launched = _launch(
+        ["--target-steps", "2000", "--cluster", "g4dn.xlarge:1", "--preempt-every", "3s",
+         "--paired"],
+        in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
+    )  # fmt: skip
+    moves = (only_run(in_tmp) / "migrations.jsonl").read_text().splitlines()
+    assert moves, "no preemption happened: the run proves nothing about resuming"
+    _same(reference, launched)
+
+
 def test_ddp_resumes_at_the_exact_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

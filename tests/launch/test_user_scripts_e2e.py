@@ -161,3 +161,27 @@ def test_validation_passes_are_priced_apart_from_the_step(
     passes = len(range(resumed.step // 40 * 40 + 40, done.step, 40))
     assert passes >= 1, resumed
     assert done.time - resumed.time - training_s >= 0.95 * passes
+
+
+def test_a_script_that_stops_itself_while_profiled_is_not_launched(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning's ``EarlyStopping`` ends training at step 60 (3 epochs of 20 batches),
+    inside the profiling window: the job is done as the script defines it. Before, the
+    launcher resumed it on the plan, where the resumed ``EarlyStopping`` failed for want
+    of its metric ("conditioned on metric `val_loss` which is not available")."""
+    code, out, err = launch(
+        [str(SCRIPTS / "validated.py"), "--target-steps", "1000", "--cluster", "g4dn.xlarge:1",
+         "--train-samples", "80", "--early-stop-patience", "2", "--profile-steps", "200",
+         *BASE],
+        capfd,
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    said = out + err
+    assert "validated.py ended its own training at step 60 while it was profiled" in said
+    assert "EarlyStopping: Monitored metric val_loss did not improve" in said
+    assert "nothing is planned or launched" in said
+    run = only_run(in_tmp)
+    assert not list(run.glob("attempt-*")) and not list(run.glob("progress-*.jsonl"))
+    newest = open_store(str(run / "checkpoints")).refs()[0]
+    assert newest.reason == "final" and newest.step == 60  # --resume: "already finished"

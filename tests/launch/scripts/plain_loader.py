@@ -7,9 +7,11 @@ rank zero append ``step loss`` (the loss with every digit) after each batch, and
 revocation on any machine; the losses do not change).
 
 ``--stream`` serves the same samples from an ``IterableDataset`` instead (a stream in a
-fixed order, as a file or a shard is read; no sampler, no length).
+fixed order, as a file or a shard is read; no sampler, no length). ``--paired`` trains
+on a dict of two shuffled loaders, the second one a quarter as long (Lightning cycles it
+several times an epoch, drawing a new order each pass).
 
-    python plain_loader.py [--max-steps N] [--num-workers W] [--stream]
+    python plain_loader.py [--max-steps N] [--num-workers W] [--stream | --paired]
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ class Classifier(L.LightningModule):
                                  nn.Linear(64, 4))  # fmt: skip
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
+        pairs = list(batch.values()) if isinstance(batch, dict) else [batch]
+        return sum(nn.functional.cross_entropy(self.net(x), y) for x, y in pairs)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))
@@ -64,13 +66,20 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=-1)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--paired", action="store_true")
     args = p.parse_args()
     L.seed_everything(0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 20, generator=g)
     y = (x[:, :4].argmax(1) + (x[:, 4] > 0).long()) % 4
+    loader: Any
     if args.stream:
         loader = DataLoader(Stream(x, y), batch_size=32, num_workers=args.num_workers)
+    elif args.paired:
+        loader = {
+            "long": DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True),
+            "short": DataLoader(TensorDataset(x[:480], y[:480]), batch_size=32, shuffle=True),
+        }
     else:
         loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
                             num_workers=args.num_workers)  # fmt: skip

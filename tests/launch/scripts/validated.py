@@ -3,10 +3,13 @@
 40 training batches an epoch and 5 validation batches a pass by default;
 ``VAL_SLEEP_S=<s>`` makes every validation batch take at least that long (a pass worth
 pricing on any machine). ``benchmarks/bench_validation_pricing.py`` sizes it with the
-flags below (``--val-samples 0`` turns validation off).
+flags below (``--val-samples 0`` turns validation off). ``--early-stop-patience P``
+adds Lightning's ``EarlyStopping`` on ``val_loss`` with a ``min_delta`` no pass meets:
+training stops after P + 1 epochs, by the script's own rule.
 
     python validated.py [--max-epochs N] [--train-samples N] [--val-samples N]
-                        [--width W] [--num-workers W]
+                        [--width W] [--num-workers W] [--early-stop-patience P]
+                        [--profile-steps N]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import EarlyStopping
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -51,15 +55,21 @@ def main() -> int:
     p.add_argument("--val-samples", type=int, default=20)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--early-stop-patience", type=int, default=None)
+    p.add_argument("--profile-steps", type=int, default=None)
     args = p.parse_args()
     g = torch.Generator().manual_seed(0)
     n, v = args.train_samples, args.val_samples
     train = TensorDataset(torch.randn(n, 16, generator=g), torch.randn(n, 1, generator=g))
     val = TensorDataset(torch.randn(v, 16, generator=g), torch.randn(v, 1, generator=g))
+    window = {} if args.profile_steps is None else {"profile_steps": args.profile_steps}
+    callbacks: list[L.Callback] = [SriftyCallback(**window)]
+    if args.early_stop_patience is not None:
+        callbacks.append(EarlyStopping("val_loss", patience=args.early_stop_patience,
+                                       min_delta=1e9))  # fmt: skip
     trainer = L.Trainer(max_epochs=args.max_epochs, enable_progress_bar=False,
                         enable_model_summary=False, logger=False, enable_checkpointing=False,
-                        limit_val_batches=1.0 if v else 0,
-                        callbacks=[SriftyCallback()])  # fmt: skip
+                        limit_val_batches=1.0 if v else 0, callbacks=callbacks)  # fmt: skip
     workers = {"num_workers": args.num_workers}
     trainer.fit(Regressor(args.width), DataLoader(train, batch_size=4, shuffle=True, **workers),
                 DataLoader(val, batch_size=4, **workers) if v else None)  # fmt: skip

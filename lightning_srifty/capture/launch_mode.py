@@ -255,6 +255,9 @@ class LaunchSession:
 
     def on_train_start(self, trainer: pl.Trainer) -> None:
         self.vote.start()  # collective: every rank is here
+        reload_every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0)
+        if reload_every > 0 and trainer.is_global_zero:
+            print(f"srifty: {RELOAD_NOTE.format(n=reload_every)}", file=sys.stderr, flush=True)
         if self.watcher is not None:
             # After Lightning installed its SIGTERM handler, so ours takes the signal.
             self.watcher.start()
@@ -495,6 +498,15 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(name, "")
     return Path(raw) if raw else None
+
+
+RELOAD_NOTE = (
+    "Trainer(reload_dataloaders_every_n_epochs={n}): a resume continues in the epoch it "
+    "stood in, but not at its exact batch (Lightning rebuilds the training loaders on a "
+    "schedule its checkpoints do not keep), so batches of that epoch may be trained twice "
+    "or skipped; without it the launcher resumes at the exact batch"
+)
+"""Said once per attempt under the launcher where the script reloads its loaders."""
 
 
 def why_training_ended(trainer: pl.Trainer) -> str:

@@ -84,24 +84,38 @@ def test_preemptions_keep_the_loss_curve(
     _same(reference, launched)
 
 
+def _revoked_against_python(
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    steps: int,
+    flag: str,
+    step_sleep_s: str,
+) -> tuple[dict[int, list[str]], dict[int, list[str]], Path]:
+    """``python plain_loader.py FLAG`` and the same script launched and revoked every 3 s
+    (at least one revocation): both loss logs, and the launch's run folder."""
+    reference = _python(steps, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent, flag)
+    monkeypatch.setenv("STEP_SLEEP_S", step_sleep_s)
+    launched = _launch(
+        ["--target-steps", str(steps), "--cluster", "g4dn.xlarge:1", "--preempt-every", "3s",
+         flag],
+        in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
+    )  # fmt: skip
+    run = only_run(in_tmp)
+    moves = (run / "migrations.jsonl").read_text().splitlines()
+    assert moves, "no preemption happened: the run proves nothing about resuming"
+    return reference, launched, run
+
+
 def test_a_stream_resumes_at_the_exact_batch(
     in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """An ``IterableDataset`` (no sampler, no length): before, the profiling run crashed
     when the callback gave its loader a batch sampler; a resume must drop the batches
     the epoch had done, the handover's and each preemption's."""
-    reference = _python(
-        3000, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent, "--stream"
+    reference, launched, run = _revoked_against_python(
+        in_tmp, monkeypatch, capfd, 3000, "--stream", "0.002"
     )
-    monkeypatch.setenv("STEP_SLEEP_S", "0.002")
-    launched = _launch(
-        ["--target-steps", "3000", "--cluster", "g4dn.xlarge:1", "--preempt-every", "3s",
-         "--stream"],
-        in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
-    )  # fmt: skip
-    run = only_run(in_tmp)
-    moves = (run / "migrations.jsonl").read_text().splitlines()
-    assert moves, "no preemption happened: the run proves nothing about resuming"
     # a stream has no length: the job's, passed to the profiling run, bounds the window
     assert handover_step(run) > 5 + 20, "the window of ~5 ms steps did not grow"
     _same(reference, launched)
@@ -113,17 +127,9 @@ def test_a_dict_of_loaders_resumes_each_in_its_pass(
     """Two loaders in a dict: Lightning cycles the short one (15 batches) four times an
     epoch of the long one's 63, each pass in a new order. Before, a resume skipped the
     short one by the epoch's batch count and the curve parted at the handover."""
-    reference = _python(
-        2000, in_tmp.parent / f"{in_tmp.name}-python.txt", in_tmp.parent, "--paired"
+    reference, launched, _ = _revoked_against_python(
+        in_tmp, monkeypatch, capfd, 2000, "--paired", "0.003"
     )
-    monkeypatch.setenv("STEP_SLEEP_S", "0.003")
-    launched = _launch(
-        ["--target-steps", "2000", "--cluster", "g4dn.xlarge:1", "--preempt-every", "3s",
-         "--paired"],
-        in_tmp.parent / f"{in_tmp.name}-launch.txt", monkeypatch, capfd,
-    )  # fmt: skip
-    moves = (only_run(in_tmp) / "migrations.jsonl").read_text().splitlines()
-    assert moves, "no preemption happened: the run proves nothing about resuming"
     _same(reference, launched)
 
 

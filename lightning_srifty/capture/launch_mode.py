@@ -126,9 +126,9 @@ class LaunchSession:
         or a :class:`ResumingStreamLoader`."""
         self._trainer: pl.Trainer | None = None
         self.pending_loader_states: list[dict[str, Any]] | None = None
+        """Where the restored checkpoint's loaders stood (set by the callback's state)."""
         self.before_training_loaders: Callable[[], None] | None = None
         """Run once before the first training loader is prepared (a resume's RNG)."""
-        """Where the restored checkpoint's loaders stood (set by the callback's state)."""
 
     # ----------------------------------------------------------- lifecycle
     def setup(self, trainer: pl.Trainer) -> None:
@@ -213,8 +213,7 @@ class LaunchSession:
         trainer = self._trainer
         if trainer is None or not self.samplers:
             return []
-        current: Any = trainer.fit_loop.epoch_loop.batch_progress.current
-        done = int(current.processed)
+        done = _batches_done_in_epoch(trainer)
         closed = self.epoch_closed()
         world = int(trainer.world_size)
         return [s.position(done, world, epoch_closed=closed) for s in self.samplers]
@@ -226,8 +225,7 @@ class LaunchSession:
         if trainer is None:
             return False
         batches = trainer.num_training_batches
-        current: Any = trainer.fit_loop.epoch_loop.batch_progress.current
-        return isinstance(batches, int) and 0 < batches <= int(current.processed)
+        return isinstance(batches, int) and 0 < batches <= _batches_done_in_epoch(trainer)
 
     def _check_world_size(self, trainer: pl.Trainer) -> None:
         """Stops a job whose Trainer does not run the processes the launcher started.
@@ -333,7 +331,7 @@ class LaunchSession:
         if epochs is None or epochs == int(epochs) or not isinstance(batches, int) or batches < 1:
             return False
         # Batches of this epoch done by the time the batch-end hooks run.
-        done = int(getattr(trainer.fit_loop.epoch_loop.batch_progress.current, "processed", 0))
+        done = _batches_done_in_epoch(trainer)
         if done % max(int(trainer.accumulate_grad_batches), 1) and done < batches:
             return False  # inside an accumulation cycle: stop at the optimizer step
         return trainer.current_epoch + done / batches >= epochs
@@ -498,6 +496,12 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     raw = env.get(name, "")
     return Path(raw) if raw else None
+
+
+def _batches_done_in_epoch(trainer: pl.Trainer) -> int:
+    """Training batches of this epoch done by the time the batch-end hooks run."""
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    return int(getattr(current, "processed", 0))
 
 
 RELOAD_NOTE = (

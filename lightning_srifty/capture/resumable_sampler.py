@@ -119,8 +119,8 @@ class ResumingBatchSampler:
         epoch = self._epoch()
         seed, batches, before = self.seed, done, 0
         if self._passes_epoch == epoch and self._passes:
-            # the pass that holds the next batch: a pass a prefetch has just begun holds
-            # it at its first batch, and that pass's seed is already drawn
+            # the pass that holds the next batch: one already begun at it (its order
+            # drawn) holds it at its first batch
             holder = next((p for p in reversed(self._passes) if p.before <= done), None)
             if holder is not None:
                 seed, batches = holder.seed, holder.start + done - holder.before

@@ -110,10 +110,6 @@ def run_profile(
             "or more data) or lower SriftyCallback(warmup_steps=..., profile_steps=...)"
         )
     ended = state_dir / proto.TRAINING_ENDED_MARKER
-    if ended.exists():
-        step, _, why = ended.read_text().partition("\n")
-        if step.strip().isdigit():
-            return ProfileRun(
-                load_profile(profile_path), profile_path, code, int(step), why.strip()
-            )
-    return ProfileRun(load_profile(profile_path), profile_path, code)
+    step, _, why = ended.read_text().partition("\n") if ended.exists() else ("", "", "")
+    ended_at = int(step) if step.strip().isdigit() else None
+    return ProfileRun(load_profile(profile_path), profile_path, code, ended_at, why.strip())

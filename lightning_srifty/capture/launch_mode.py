@@ -121,6 +121,11 @@ class LaunchSession:
         self._undo_workers: Callable[[], None] | None = None
         self.exit_pending = False
         """An emergency checkpoint is saved; the process ends at the next hook."""
+        self._deferred_preempt = False
+        self._deferred_checkpoint = False
+        """A save decided inside an accumulation cycle, taken at the cycle's optimizer step:
+        a checkpoint holds no accumulated gradient, so one taken mid-cycle would resume
+        with the cycle's first micro-batches lost."""
         self.samplers: list[Any] = []
         """Where each rebuilt training loader keeps its position: a :class:`ResumingBatchSampler`
         or a :class:`ResumingStreamLoader`."""
@@ -299,9 +304,14 @@ class LaunchSession:
             self._last_report_time, self._last_report_step = now, step
             self._validation_s_at_report = self._validation_s
         agreed = self.vote.collect()
-        if agreed.preempt:
-            self._emergency_exit(trainer)
-            return  # the emergency checkpoint is this step's only save
+        # Every rank agrees on a vote at the same batch and stands at the same place in
+        # the accumulation cycle, so a deferred decision is still taken by all at once.
+        inside = _inside_accumulation(trainer)
+        if agreed.preempt or self._deferred_preempt:
+            if not inside:
+                self._emergency_exit(trainer)
+                return  # the emergency checkpoint is this step's only save
+            self._defer_preempt(trainer)
         target = self.settings.target_steps
         if (target is not None and step >= target) or self._epochs_reached(trainer):
             trainer.should_stop = True
@@ -309,8 +319,12 @@ class LaunchSession:
         every = self.settings.checkpoint_every_steps
         # Steps are the same on every rank, so the step rule needs no vote; the clock
         # rule is rank zero's reading, agreed through the vote.
-        if agreed.checkpoint or (every and step - self._last_ckpt_step >= every):
-            self.save(trainer, "periodic")
+        if (
+            agreed.checkpoint
+            or self._deferred_checkpoint
+            or (every and step - self._last_ckpt_step >= every)
+        ):
+            self._save_or_defer(trainer, inside)
         interval = self.settings.checkpoint_interval_s
         now = time.monotonic()
         local = self.vote.launch(
@@ -318,10 +332,32 @@ class LaunchSession:
             checkpoint_due=bool(interval and now - self._last_ckpt_time >= interval),
         )
         if local.preempt:
-            self._emergency_exit(trainer)
-            return
+            if not inside:
+                self._emergency_exit(trainer)
+                return
+            self._defer_preempt(trainer)
         if local.checkpoint:
+            self._save_or_defer(trainer, inside)
+
+    def _save_or_defer(self, trainer: pl.Trainer, inside: bool) -> None:
+        """A periodic checkpoint now, or at the accumulation cycle's optimizer step."""
+        self._deferred_checkpoint = inside
+        if not inside:
             self.save(trainer, "periodic")
+
+    def _defer_preempt(self, trainer: pl.Trainer) -> None:
+        """Keeps training to the accumulation cycle's optimizer step, said once."""
+        if self._deferred_preempt:
+            return
+        self._deferred_preempt = True
+        if trainer.is_global_zero:
+            k = max(int(trainer.accumulate_grad_batches), 1)
+            left = k - _batches_done_in_epoch(trainer) % k
+            print(
+                f"srifty: preemption notice inside an accumulation cycle; the emergency "
+                f"checkpoint waits at most {left} batch(es), for the cycle's optimizer step",
+                file=sys.stderr,
+            )
 
     def _epochs_reached(self, trainer: pl.Trainer) -> bool:
         """A fractional ``--epochs`` target reached at this optimizer step (whole epochs
@@ -331,10 +367,9 @@ class LaunchSession:
         if epochs is None or epochs == int(epochs) or not isinstance(batches, int) or batches < 1:
             return False
         # Batches of this epoch done by the time the batch-end hooks run.
-        done = _batches_done_in_epoch(trainer)
-        if done % max(int(trainer.accumulate_grad_batches), 1) and done < batches:
-            return False  # inside an accumulation cycle: stop at the optimizer step
-        return trainer.current_epoch + done / batches >= epochs
+        if _inside_accumulation(trainer):
+            return False  # stop at the cycle's optimizer step
+        return trainer.current_epoch + _batches_done_in_epoch(trainer) / batches >= epochs
 
     def on_profile_done(self, trainer: pl.Trainer, *, training_ended: bool = False) -> None:
         """Profile mode: checkpoint where the window ended, then end training cleanly.
@@ -502,6 +537,19 @@ def _batches_done_in_epoch(trainer: pl.Trainer) -> int:
     """Training batches of this epoch done by the time the batch-end hooks run."""
     current = trainer.fit_loop.epoch_loop.batch_progress.current
     return int(getattr(current, "processed", 0))
+
+
+def _inside_accumulation(trainer: pl.Trainer) -> bool:
+    """Whether the batch that just ended left gradients accumulated for an optimizer step
+    still to come (Lightning's rule: a step every ``accumulate_grad_batches`` batches of
+    the epoch, and at its last batch)."""
+    k = max(int(trainer.accumulate_grad_batches), 1)
+    if k == 1:
+        return False
+    done = _batches_done_in_epoch(trainer)
+    batches = trainer.num_training_batches
+    last = isinstance(batches, int) and done >= batches
+    return done % k != 0 and not last
 
 
 RELOAD_NOTE = (

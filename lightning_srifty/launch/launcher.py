@@ -594,8 +594,9 @@ def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
     which setting that is.
 
     Lightning's ``max_steps`` counts optimizer steps: ``accumulate_grad_batches`` batches
-    make one, a manual ``training_step`` stepping two optimizers makes two per batch; the
-    profile measured the ratio. Each process keeps its batch, so an epoch takes fewer
+    make one (and an epoch's last batch; :func:`batches_for_updates`), a manual
+    ``training_step`` stepping two optimizers makes two per batch (the profile measured
+    that ratio). Each process keeps its batch, so an epoch takes fewer
     steps on more processes: batches per epoch scale by profiled world size over ``world``.
     """
     limits = profile.extra.get("trainer")
@@ -603,23 +604,40 @@ def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
         return None, ""
     k = profile.environment.accumulate_grad_batches
     found: list[tuple[int, str]] = []
-    max_steps = limits.get("max_steps")
-    ratio = limits.get("optimizer_steps_per_batch")
-    if not isinstance(ratio, int | float):
-        ratio = 1.0 / k  # profiles from before the ratio was measured
-    if isinstance(max_steps, int) and max_steps > 0 and ratio > 0:
-        found.append((math.ceil(max_steps / ratio - 1e-9), f"max_steps={max_steps}"))
-    max_epochs = limits.get("max_epochs")
     per_epoch = limits.get("batches_per_epoch")
     if not isinstance(per_epoch, int) and isinstance(limits.get("steps_per_epoch"), int):
         per_epoch = limits["steps_per_epoch"] * k
     profiled_on = limits.get("world_size") or profile.environment.world_size
-    if isinstance(max_epochs, int) and max_epochs > 0 and isinstance(per_epoch, int):
-        steps = max_epochs * math.ceil(per_epoch * int(profiled_on) / max(world, 1))
-        found.append((steps, f"max_epochs={max_epochs}"))
+    on_world = None
+    if isinstance(per_epoch, int) and per_epoch > 0:
+        on_world = math.ceil(per_epoch * int(profiled_on) / max(world, 1))
+    max_steps = limits.get("max_steps")
+    ratio = limits.get("optimizer_steps_per_batch")
+    if not isinstance(ratio, int | float):
+        ratio = 1.0 / k  # profiles from before the ratio was measured
+    if isinstance(max_steps, int) and max_steps > 0:
+        if limits.get("automatic_optimization") is True and on_world is not None:
+            found.append((batches_for_updates(max_steps, k, on_world), f"max_steps={max_steps}"))
+        elif ratio > 0:
+            found.append((math.ceil(max_steps / ratio - 1e-9), f"max_steps={max_steps}"))
+    max_epochs = limits.get("max_epochs")
+    if isinstance(max_epochs, int) and max_epochs > 0 and on_world is not None:
+        found.append((max_epochs * on_world, f"max_epochs={max_epochs}"))
     if not found:
         return None, ""
     return min(found)
+
+
+def batches_for_updates(updates: int, micro_batches: int, epoch_batches: int) -> int:
+    """Batches of the training loop Lightning runs for ``updates`` optimizer steps under
+    automatic optimisation: one step every ``micro_batches`` batches of an epoch and one
+    at its last batch, so an epoch of ``epoch_batches`` makes ``ceil(epoch_batches /
+    micro_batches)`` steps (a measured steps-per-batch ratio is off by the epoch's
+    remainder)."""
+    k = max(micro_batches, 1)
+    per_epoch = -(-epoch_batches // k)
+    epochs, left = divmod(updates, per_epoch)
+    return epochs * epoch_batches + left * k
 
 
 def _bounded_by_script(target: int, profile: Profile, world: int, ui: LauncherUI) -> int:

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -268,3 +272,111 @@ def test_a_script_that_reloads_its_loaders_is_told_its_resume_is_not_exact(
         said = capsys.readouterr().err
         noted = "Trainer(reload_dataloaders_every_n_epochs=2): a resume continues" in said
         assert noted == bool(reload_every), said[-2000:]
+
+
+ACCUMULATING = Path(__file__).resolve().parent / "scripts" / "accumulating.py"
+
+
+def _run_accumulating(
+    store: Path, log: Path, target: int, *args: str, processes: int = 1, sleep_s: float = 0.0
+) -> int:
+    env = {
+        **os.environ,
+        proto.ENV_MODE: proto.MODE_TRAIN,
+        proto.ENV_CHECKPOINT_URI: str(store),
+        proto.ENV_TARGET_STEPS: str(target),
+        proto.ENV_STATE_DIR: str(store.parent / "state"),
+        "LOSS_LOG": str(log),
+        "STEP_SLEEP_S": str(sleep_s),
+        "OMP_NUM_THREADS": "1",
+    }
+    runner = [sys.executable]
+    if processes > 1:
+        env.update(proto.trainer_env(nodes=1, devices_per_node=processes, root_dir=None))
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        runner += ["-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+                   "--master-addr", "127.0.0.1", "--master-port", str(port)]  # fmt: skip
+    done = subprocess.run(  # noqa: S603 - fixed argv
+        [*runner, str(ACCUMULATING), *args], env=env, cwd=store.parent,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if processes > 1 and done.returncode == 1:
+        # torchrun ends 1 when its processes fail; each preempted one is listed by code
+        ranks = re.findall(r"exitcode\s*:\s*(-?\d+)", done.stderr)
+        assert set(ranks) == {str(proto.PREEMPTED_EXIT_CODE)}, done.stderr[-3000:]
+        assert len(ranks) >= processes, done.stderr[-3000:]
+        return proto.PREEMPTED_EXIT_CODE
+    assert done.returncode in (0, proto.PREEMPTED_EXIT_CODE), done.stderr[-3000:]
+    return done.returncode
+
+
+def _batch_losses(log: Path) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for line in log.read_text().splitlines():
+        done, loss = line.split()
+        out.setdefault(int(done), []).append(loss)
+    return out
+
+
+@pytest.mark.parametrize("sigterm_at", [14, 20], ids=["inside-a-cycle", "at-an-epoch-end"])
+def test_a_preemption_inside_an_accumulation_cycle_saves_at_its_optimizer_step(
+    sigterm_at: int, tmp_path: Path
+) -> None:
+    """A checkpoint holds no accumulated gradient: one taken after the 14th batch (two
+    batches into a cycle of three) resumed with those two batches' gradients lost, and
+    every loss after differed from the uninterrupted run's. The notice now waits for the
+    cycle's optimizer step (batch 16); one at an epoch's end (batch 20, where Lightning
+    steps on a partial cycle) is saved at once."""
+    whole = _batch_losses_of(tmp_path / "whole", 40)
+    split = tmp_path / "split"
+    split.mkdir()
+    log = split / "losses.txt"
+    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", str(sigterm_at))
+    assert code == proto.PREEMPTED_EXIT_CODE
+    newest = open_store(str(split / "store"), keep=10).refs()[0]
+    assert newest.reason == "emergency"
+    assert newest.step == (16 if sigterm_at == 14 else 20)
+    first = _batch_losses(log)
+    log.unlink()
+    assert _run_accumulating(split / "store", log, 40) == 0
+    second = _batch_losses(log)
+    assert sorted(first) == list(range(1, newest.step + 1))
+    assert sorted(second) == list(range(newest.step + 1, 41))
+    assert {**first, **second} == whole
+
+
+def _batch_losses_of(root: Path, target: int, processes: int = 1) -> dict[int, list[str]]:
+    root.mkdir()
+    log = root / "losses.txt"
+    assert _run_accumulating(root / "store", log, target, processes=processes) == 0
+    return _batch_losses(log)
+
+
+@pytest.mark.slow
+def test_ranks_told_of_a_preemption_inside_a_cycle_save_together_at_its_optimizer_step(
+    tmp_path: Path,
+) -> None:
+    """Two DDP processes (5 batches an epoch each, cycles of 3): rank 1 alone gets the
+    SIGTERM, inside its 7th batch; the vote tells rank 0 (a round about a second: 0.25 s
+    batches), both wait for the cycle's
+    optimizer step and save there together, and the resumed pair trains every later
+    batch as the uninterrupted pair does."""
+    whole = _batch_losses_of(tmp_path / "whole", 40, processes=2)
+    split = tmp_path / "split"
+    split.mkdir()
+    log = split / "losses.txt"
+    code = _run_accumulating(
+        split / "store", log, 40, "--sigterm-at", "7", "--sigterm-rank", "1",
+        processes=2, sleep_s=0.25,
+    )  # fmt: skip
+    assert code == proto.PREEMPTED_EXIT_CODE
+    newest = open_store(str(split / "store"), keep=10).refs()[0]
+    in_epoch = (newest.step - 1) % 5 + 1
+    assert newest.reason == "emergency" and 7 <= newest.step < 40
+    assert in_epoch in (3, 5), newest.step  # an optimizer step: a full cycle or the epoch's end
+    first = _batch_losses(log)
+    log.unlink()
+    assert _run_accumulating(split / "store", log, 40, processes=2) == 0
+    assert {**first, **_batch_losses(log)} == whole

@@ -10,9 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_srifty import SriftyCallback
 from lightning_srifty.cli import launch_cmd
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import ConfigError, CredentialsError
@@ -20,7 +23,7 @@ from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.planner import PlanRequest
 from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.io.checkpoint_store import open_store
-from lightning_srifty.launch.launcher import LaunchOptions, run_launch
+from lightning_srifty.launch.launcher import LaunchOptions, run_launch, user_limit_steps
 from tests.conftest import REPO_ROOT, S3_TEST_ENV
 from tests.fakes import ClusterScript, FakeSkyApi, RecordingUI, VirtualClock
 
@@ -490,3 +493,44 @@ def test_uniform_progress_waits_for_its_home_zone_then_returns(tmp_path: Path) -
     assert any(m.startswith("waiting") and "uniform-progress" in m for m in ui.messages)
     assert all(m.to_plan == m.from_plan for m in moves)
     assert all("uniform-progress" in m.reason for m in moves)
+
+
+class _Counting(pl.LightningModule):
+    """A linear model on ``batches`` batches an epoch that counts the batches it trains."""
+
+    def __init__(self, batches: int) -> None:
+        super().__init__()
+        self.batches, self.trained = batches, 0
+        self.net = torch.nn.Linear(4, 1)
+
+    def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
+        x = torch.randn(4 * self.batches, 4, generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        self.trained += 1
+        return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize(
+    ("accumulate", "batches", "max_steps"), [(3, 10, 13), (3, 9, 13), (4, 10, 9), (1, 7, 11)]
+)
+def test_the_scripts_max_steps_bound_the_batches_lightning_runs(
+    accumulate: int, batches: int, max_steps: int, tmp_path: Path
+) -> None:
+    """Lightning steps the optimizer every ``accumulate`` batches and at an epoch's last
+    batch; the window's measured steps-per-batch ratio (10/29 here before) put a
+    ``max_steps=300`` script with 40-batch epochs at 870 batches where Lightning ran 858.
+    The bound is what the same Trainer really runs."""
+    pl.seed_everything(0)
+    callback = SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)
+    module = _Counting(batches)
+    pl.Trainer(max_steps=max_steps, accumulate_grad_batches=accumulate, accelerator="cpu",
+               devices=1, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+               ).fit(module)  # fmt: skip
+    assert callback.profile is not None
+    assert user_limit_steps(callback.profile, 1) == (module.trained, f"max_steps={max_steps}")

@@ -1,0 +1,73 @@
+"""A Lightning job that accumulates gradients over three batches (tests only).
+
+Dropout and a shuffled loader of 10 batches an epoch (so an epoch's last batch steps
+the optimizer alone; under torchrun, 5 batches an epoch on each of two processes), SGD
+with momentum and the callback. ``LOSS_LOG=<file>`` gets ``batches-done loss`` per
+batch, each loss with every digit, on rank zero. ``--sigterm-at N`` makes rank
+``--sigterm-rank`` send itself SIGTERM inside its N-th batch of the run, as a spot VM's
+shutdown would (batches count from the run's start, restored ones included).
+``STEP_SLEEP_S=<s>`` makes every batch take at least that long (the losses do not change).
+
+    python accumulating.py [--sigterm-at N] [--sigterm-rank R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_srifty import SriftyCallback
+
+
+class Accumulating(pl.LightningModule):
+    def __init__(self, sigterm_at: int, sigterm_rank: int) -> None:
+        super().__init__()
+        self.sigterm_at, self.sigterm_rank = sigterm_at, sigterm_rank
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
+                                       torch.nn.Linear(16, 2))  # fmt: skip
+
+    def train_dataloader(self) -> Any:
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(160, 8, generator=g), torch.randint(0, 2, (160,), generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(self.net(x), y)
+        done = self.current_epoch * int(self.trainer.num_training_batches) + batch_idx + 1
+        if done == self.sigterm_at and self.global_rank == self.sigterm_rank:
+            os.kill(os.getpid(), signal.SIGTERM)
+        log = os.environ.get("LOSS_LOG")
+        if log and self.global_rank == 0:
+            with open(log, "a") as fh:
+                fh.write(f"{done} {float(loss.detach()).hex()}\n")
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sigterm-at", type=int, default=0)
+    parser.add_argument("--sigterm-rank", type=int, default=0)
+    args = parser.parse_args()
+    pl.seed_everything(0)
+    # devices and strategy: the launcher's PL_TRAINER_* defaults, as for any script
+    pl.Trainer(accelerator="cpu", accumulate_grad_batches=3, logger=False,
+               enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False,
+               callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
+               ).fit(Accumulating(args.sigterm_at, args.sigterm_rank))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -270,6 +270,7 @@ class LaunchSession:
         elif self.resumed_from:
             # a checkpoint from before steps were counted: its optimizer steps
             self.steps = int(trainer.global_step)
+        _rerun_swa_epoch_start(trainer)
         step = self.steps
         self._last_report_step = step
         self._last_ckpt_step = step
@@ -550,6 +551,30 @@ def _inside_accumulation(trainer: pl.Trainer) -> bool:
     batches = trainer.num_training_batches
     last = isinstance(batches, int) and done >= batches
     return done % k != 0 and not last
+
+
+def _rerun_swa_epoch_start(trainer: pl.Trainer) -> None:
+    """Gives ``StochasticWeightAveraging`` the epoch start a mid-epoch resume skips.
+
+    Lightning does not call ``on_train_epoch_start`` when it restarts inside an epoch or
+    at its end (``fit_loop.restarted_mid_epoch``, ``restarted_on_epoch_end``), and that
+    hook is where SWA builds its ``SWALR`` from the checkpoint's state and swaps it in:
+    without it the resumed epoch ends with no ``SWALR`` step and the learning rate trails
+    the uninterrupted run's by an epoch (measured: every batch after the resumed epoch's
+    end differed). The launcher's emergency and handover checkpoints are inside epochs,
+    so it replays SWA's hook, which its own guards (``_initialized``,
+    ``_latest_update_epoch``) keep from building or averaging twice. Other callbacks'
+    epoch-start hooks already ran for this epoch before the checkpoint.
+    """
+    loop = trainer.fit_loop
+    restarts = ("restarted_mid_epoch", "restarted_on_epoch_end")
+    if not any(getattr(loop, stage, False) for stage in restarts):
+        return
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, StochasticWeightAveraging):
+            callback.on_train_epoch_start(trainer, trainer.lightning_module)
 
 
 RELOAD_NOTE = (

@@ -347,11 +347,34 @@ def test_a_preemption_inside_an_accumulation_cycle_saves_at_its_optimizer_step(
     assert {**first, **second} == whole
 
 
-def _batch_losses_of(root: Path, target: int, processes: int = 1) -> dict[int, list[str]]:
+def _batch_losses_of(
+    root: Path, target: int, *args: str, processes: int = 1
+) -> dict[int, list[str]]:
     root.mkdir()
     log = root / "losses.txt"
-    assert _run_accumulating(root / "store", log, target, processes=processes) == 0
+    assert _run_accumulating(root / "store", log, target, *args, processes=processes) == 0
     return _batch_losses(log)
+
+
+def test_a_preemption_inside_an_swa_epoch_keeps_swas_learning_rate_schedule(
+    tmp_path: Path,
+) -> None:
+    """Lightning skips ``on_train_epoch_start`` on a mid-epoch restart, and that is where
+    ``StochasticWeightAveraging`` builds its ``SWALR``: preempted at batch 15 (SWA from
+    the second epoch, batches 11-20), the resumed epoch ended without an SWA step, the
+    learning rate trailed by an epoch and every loss from batch 22 on differed."""
+    swa = ("--accumulate", "1", "--swa-from", "2")
+    whole = _batch_losses_of(tmp_path / "whole", 40, *swa)
+    split = tmp_path / "split"
+    split.mkdir()
+    log = split / "losses.txt"
+    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", "15", *swa)
+    assert code == proto.PREEMPTED_EXIT_CODE
+    assert open_store(str(split / "store"), keep=10).refs()[0].step == 15
+    first = _batch_losses(log)
+    log.unlink()
+    assert _run_accumulating(split / "store", log, 40, *swa) == 0
+    assert {**first, **_batch_losses(log)} == whole
 
 
 @pytest.mark.slow

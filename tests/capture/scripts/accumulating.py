@@ -8,7 +8,10 @@ batch, each loss with every digit, on rank zero. ``--sigterm-at N`` makes rank
 shutdown would (batches count from the run's start, restored ones included).
 ``STEP_SLEEP_S=<s>`` makes every batch take at least that long (the losses do not change).
 
-    python accumulating.py [--sigterm-at N] [--sigterm-rank R]
+``--accumulate K`` sets ``accumulate_grad_batches`` (3); ``--swa-from E`` adds
+Lightning's ``StochasticWeightAveraging`` from epoch ``E`` (1-based, its own convention).
+
+    python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K] [--swa-from E]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_srifty import SriftyCallback
@@ -59,13 +63,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sigterm-at", type=int, default=0)
     parser.add_argument("--sigterm-rank", type=int, default=0)
+    parser.add_argument("--accumulate", type=int, default=3)
+    parser.add_argument("--swa-from", type=int, default=0)
     args = parser.parse_args()
     pl.seed_everything(0)
     # devices and strategy: the launcher's PL_TRAINER_* defaults, as for any script
-    pl.Trainer(accelerator="cpu", accumulate_grad_batches=3, logger=False,
+    callbacks: list[pl.Callback] = [SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)]
+    if args.swa_from:
+        callbacks.append(StochasticWeightAveraging(swa_lrs=0.5, swa_epoch_start=args.swa_from,
+                                                   annealing_epochs=3))  # fmt: skip
+    pl.Trainer(accelerator="cpu", accumulate_grad_batches=args.accumulate, logger=False,
                enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False,
-               callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
+               callbacks=callbacks,
                ).fit(Accumulating(args.sigterm_at, args.sigterm_rank))  # fmt: skip
 
 

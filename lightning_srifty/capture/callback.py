@@ -382,6 +382,7 @@ class SriftyCallback(pl.Callback):
     ) -> None:
         if self._session is not None:
             self._session.exit_if_preempted()
+            self._session.before_batch(trainer)
         if self.profiled:
             return
         now = time.perf_counter()
@@ -1150,8 +1151,21 @@ def _trainer_limits(
         "batches_per_epoch": batches_per_epoch,
         "optimizer_steps_per_batch": round(ratio, 6),
         "automatic_optimization": bool(trainer.lightning_module.automatic_optimization),
+        "accumulation_schedule": _accumulation_schedule(trainer),
         "world_size": int(trainer.world_size),
     }
+
+
+def _accumulation_schedule(trainer: pl.Trainer) -> dict[str, int] | None:
+    """``GradientAccumulationScheduler``'s epochs and factors (JSON keys are strings), or
+    ``None``: the profile saw only its window's epochs' factor, and the script's
+    ``max_steps`` converts to batches through every epoch's."""
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, GradientAccumulationScheduler):
+            return {str(epoch): int(k) for epoch, k in sorted(callback.scheduling.items())}
+    return None
 
 
 def _optimizer_state_bytes(optimizers: list[Any]) -> int:

@@ -121,6 +121,8 @@ class LaunchSession:
         self._undo_workers: Callable[[], None] | None = None
         self.exit_pending = False
         """An emergency checkpoint is saved; the process ends at the next hook."""
+        self._replay_at_first_batch = False
+        """A resume inside an epoch: replay the epoch-start hooks Lightning skipped."""
         self._deferred_preempt = False
         self._deferred_checkpoint = False
         """A save decided inside an accumulation cycle, taken at the cycle's optimizer step:
@@ -270,7 +272,9 @@ class LaunchSession:
         elif self.resumed_from:
             # a checkpoint from before steps were counted: its optimizer steps
             self.steps = int(trainer.global_step)
-        _rerun_swa_epoch_start(trainer)
+        # at the first batch: GradientAccumulationScheduler's on_train_start refuses a
+        # Trainer whose factor is not 1 yet
+        self._replay_at_first_batch = _restarted_inside_epoch(trainer)
         step = self.steps
         self._last_report_step = step
         self._last_ckpt_step = step
@@ -289,6 +293,12 @@ class LaunchSession:
             # every rank takes part; the links the plan depends on, measured on their own
             timings = measure_allreduce(trainer.strategy.root_device)
             self._report(trainer, "collective", step, 0.0, allreduce=timings)
+
+    def before_batch(self, trainer: pl.Trainer) -> None:
+        """Called at every batch start: the epoch start a resume skipped, at its first."""
+        if self._replay_at_first_batch:
+            self._replay_at_first_batch = False
+            _replay_epoch_start(trainer)
 
     def after_step(self, trainer: pl.Trainer) -> None:
         """Called at every batch end: progress, target, preemption, periodic save."""
@@ -553,27 +563,41 @@ def _inside_accumulation(trainer: pl.Trainer) -> bool:
     return done % k != 0 and not last
 
 
-def _rerun_swa_epoch_start(trainer: pl.Trainer) -> None:
-    """Gives ``StochasticWeightAveraging`` the epoch start a mid-epoch resume skips.
-
-    Lightning does not call ``on_train_epoch_start`` when it restarts inside an epoch or
-    at its end (``fit_loop.restarted_mid_epoch``, ``restarted_on_epoch_end``), and that
-    hook is where SWA builds its ``SWALR`` from the checkpoint's state and swaps it in:
-    without it the resumed epoch ends with no ``SWALR`` step and the learning rate trails
-    the uninterrupted run's by an epoch (measured: every batch after the resumed epoch's
-    end differed). The launcher's emergency and handover checkpoints are inside epochs,
-    so it replays SWA's hook, which its own guards (``_initialized``,
-    ``_latest_update_epoch``) keep from building or averaging twice. Other callbacks'
-    epoch-start hooks already ran for this epoch before the checkpoint.
-    """
+def _restarted_inside_epoch(trainer: pl.Trainer) -> bool:
+    """Whether Lightning restarted this fit inside an epoch or at its end, the restarts
+    on which it skips ``on_train_epoch_start``."""
     loop = trainer.fit_loop
     restarts = ("restarted_mid_epoch", "restarted_on_epoch_end")
-    if not any(getattr(loop, stage, False) for stage in restarts):
-        return
-    from lightning.pytorch.callbacks import StochasticWeightAveraging
+    return any(bool(getattr(loop, stage, False)) for stage in restarts)
 
+
+def _replay_epoch_start(trainer: pl.Trainer) -> None:
+    """Gives Lightning's epoch-scoped callbacks the epoch start a mid-epoch resume skips.
+
+    Lightning does not call ``on_train_epoch_start`` when it restarts inside an epoch or
+    at its end (``fit_loop.restarted_mid_epoch``, ``restarted_on_epoch_end``), and two of
+    its own callbacks set there what the rest of the epoch trains with:
+
+    * ``StochasticWeightAveraging`` builds its ``SWALR`` from the checkpoint's state and
+      swaps it in; without it the resumed epoch ends with no ``SWALR`` step and the
+      learning rate trails the uninterrupted run's by an epoch (measured: every batch
+      after the resumed epoch's end differed). Its guards (``_initialized``,
+      ``_latest_update_epoch``) keep it from building or averaging twice.
+    * ``GradientAccumulationScheduler`` sets the epoch's ``accumulate_grad_batches``;
+      without it the resumed epoch accumulates as the Trainer was built (measured: a
+      resume in an epoch of 2 stepped every batch). Setting it again changes nothing.
+
+    The launcher's emergency and handover checkpoints are inside epochs, so it replays
+    those two hooks at the resumed epoch's first batch (after ``on_train_start``, where
+    ``GradientAccumulationScheduler`` checks that the Trainer's own factor is 1). Other
+    callbacks' epoch-start hooks ran for this epoch before the checkpoint and are not
+    assumed safe to repeat (``BaseFinetuning`` would add its parameter groups twice).
+    """
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler, StochasticWeightAveraging
+
+    replayed = (StochasticWeightAveraging, GradientAccumulationScheduler)
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        if isinstance(callback, StochasticWeightAveraging):
+        if isinstance(callback, replayed):
             callback.on_train_epoch_start(trainer, trainer.lightning_module)
 
 

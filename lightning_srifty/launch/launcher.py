@@ -617,7 +617,10 @@ def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
         ratio = 1.0 / k  # profiles from before the ratio was measured
     if isinstance(max_steps, int) and max_steps > 0:
         if limits.get("automatic_optimization") is True and on_world is not None:
-            found.append((batches_for_updates(max_steps, k, on_world), f"max_steps={max_steps}"))
+            schedule = _accumulation_schedule(limits.get("accumulation_schedule"), k)
+            found.append(
+                (batches_for_updates(max_steps, schedule, on_world), f"max_steps={max_steps}")
+            )
         elif ratio > 0:
             found.append((math.ceil(max_steps / ratio - 1e-9), f"max_steps={max_steps}"))
     max_epochs = limits.get("max_epochs")
@@ -628,16 +631,43 @@ def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
     return min(found)
 
 
-def batches_for_updates(updates: int, micro_batches: int, epoch_batches: int) -> int:
+def _accumulation_schedule(recorded: object, micro_batches: int) -> dict[int, int]:
+    """Each epoch from which a factor holds: ``GradientAccumulationScheduler``'s as the
+    profile recorded it, else the Trainer's one factor from epoch 0."""
+    if isinstance(recorded, dict) and recorded:
+        try:
+            schedule = {int(epoch): max(int(k), 1) for epoch, k in recorded.items()}
+        except (TypeError, ValueError):
+            schedule = {}
+        if schedule:
+            return {0: 1, **schedule}  # the scheduler's own default before its first epoch
+    return {0: max(micro_batches, 1)}
+
+
+def batches_for_updates(updates: int, schedule: dict[int, int] | int, epoch_batches: int) -> int:
     """Batches of the training loop Lightning runs for ``updates`` optimizer steps under
-    automatic optimisation: one step every ``micro_batches`` batches of an epoch and one
-    at its last batch, so an epoch of ``epoch_batches`` makes ``ceil(epoch_batches /
-    micro_batches)`` steps (a measured steps-per-batch ratio is off by the epoch's
-    remainder)."""
-    k = max(micro_batches, 1)
-    per_epoch = -(-epoch_batches // k)
-    epochs, left = divmod(updates, per_epoch)
-    return epochs * epoch_batches + left * k
+    automatic optimisation: one step every ``k`` batches of an epoch and one at its last
+    batch, so an epoch of ``epoch_batches`` makes ``ceil(epoch_batches / k)`` steps (a
+    measured steps-per-batch ratio is off by the epoch's remainder). ``schedule`` maps the
+    epoch a factor starts at to ``k`` (``GradientAccumulationScheduler``), or is one ``k``.
+    """
+    factors = {0: schedule} if isinstance(schedule, int) else dict(schedule)
+    starts = sorted(factors)
+
+    def factor(epoch: int) -> int:
+        return max(factors[max(e for e in starts if e <= epoch)] if epoch >= starts[0] else 1, 1)
+
+    batches, left, epoch = 0, updates, 0
+    while left > 0:
+        k = factor(epoch)
+        per_epoch = -(-epoch_batches // k)
+        if epoch >= starts[-1]:  # the last factor holds from here on
+            epochs, rest = divmod(left, per_epoch)
+            return batches + epochs * epoch_batches + rest * k
+        if left < per_epoch:
+            return batches + left * k
+        batches, left, epoch = batches + epoch_batches, left - per_epoch, epoch + 1
+    return batches
 
 
 def _bounded_by_script(target: int, profile: Profile, world: int, ui: LauncherUI) -> int:

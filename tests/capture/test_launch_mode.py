@@ -356,6 +356,26 @@ def _batch_losses_of(
     return _batch_losses(log)
 
 
+def test_a_preemption_under_an_accumulation_schedule_resumes_with_the_epochs_factor(
+    tmp_path: Path,
+) -> None:
+    """``GradientAccumulationScheduler`` sets the epoch's factor in the epoch-start hook
+    a mid-epoch restart skips: preempted inside the third epoch (3 batches an update
+    there), the resumed epoch stepped every batch and every later loss differed. The
+    notice at batch 25 (5 of the epoch, inside a cycle) is also taken at batch 26."""
+    whole = _batch_losses_of(tmp_path / "whole", 40, "--schedule")
+    split = tmp_path / "split"
+    split.mkdir()
+    log = split / "losses.txt"
+    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", "25", "--schedule")
+    assert code == proto.PREEMPTED_EXIT_CODE
+    assert open_store(str(split / "store"), keep=10).refs()[0].step == 26
+    first = _batch_losses(log)
+    log.unlink()
+    assert _run_accumulating(split / "store", log, 40, "--schedule") == 0
+    assert {**first, **_batch_losses(log)} == whole
+
+
 def test_a_preemption_inside_an_swa_epoch_keeps_swas_learning_rate_schedule(
     tmp_path: Path,
 ) -> None:

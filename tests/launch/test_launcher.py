@@ -13,6 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_srifty import SriftyCallback
@@ -516,21 +517,28 @@ class _Counting(pl.LightningModule):
 
 
 @pytest.mark.parametrize(
-    ("accumulate", "batches", "max_steps"), [(3, 10, 13), (3, 9, 13), (4, 10, 9), (1, 7, 11)]
+    ("accumulate", "batches", "max_steps"),
+    [(3, 10, 13), (3, 9, 13), (4, 10, 9), (1, 7, 11), ({0: 1, 2: 3, 4: 2}, 10, 40)],
 )
 def test_the_scripts_max_steps_bound_the_batches_lightning_runs(
-    accumulate: int, batches: int, max_steps: int, tmp_path: Path
+    accumulate: int | dict[int, int], batches: int, max_steps: int, tmp_path: Path
 ) -> None:
     """Lightning steps the optimizer every ``accumulate`` batches and at an epoch's last
     batch; the window's measured steps-per-batch ratio (10/29 here before) put a
     ``max_steps=300`` script with 40-batch epochs at 870 batches where Lightning ran 858.
-    The bound is what the same Trainer really runs."""
+    A ``GradientAccumulationScheduler`` (a dict here) changes the factor by epoch after
+    the window. The bound is what the same Trainer really runs."""
     pl.seed_everything(0)
-    callback = SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)
+    callbacks: list[pl.Callback] = [SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)]
+    if isinstance(accumulate, dict):
+        callbacks.append(GradientAccumulationScheduler(scheduling=accumulate))
     module = _Counting(batches)
-    pl.Trainer(max_steps=max_steps, accumulate_grad_batches=accumulate, accelerator="cpu",
+    pl.Trainer(max_steps=max_steps, accelerator="cpu",
+               accumulate_grad_batches=1 if isinstance(accumulate, dict) else accumulate,
                devices=1, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
-               enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+               enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
                ).fit(module)  # fmt: skip
+    callback = callbacks[0]
+    assert isinstance(callback, SriftyCallback)
     assert callback.profile is not None
     assert user_limit_steps(callback.profile, 1) == (module.trained, f"max_steps={max_steps}")

@@ -8,10 +8,13 @@ batch, each loss with every digit, on rank zero. ``--sigterm-at N`` makes rank
 shutdown would (batches count from the run's start, restored ones included).
 ``STEP_SLEEP_S=<s>`` makes every batch take at least that long (the losses do not change).
 
-``--accumulate K`` sets ``accumulate_grad_batches`` (3); ``--swa-from E`` adds
-Lightning's ``StochasticWeightAveraging`` from epoch ``E`` (1-based, its own convention).
+``--accumulate K`` sets ``accumulate_grad_batches`` (3); ``--schedule`` instead
+accumulates by Lightning's ``GradientAccumulationScheduler``, 1 batch for the first two
+epochs and 3 from the third; ``--swa-from E`` adds Lightning's
+``StochasticWeightAveraging`` from epoch ``E`` (1-based, its own convention).
 
-    python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K] [--swa-from E]
+    python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K | --schedule]
+                           [--swa-from E]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, StochasticWeightAveraging
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_srifty import SriftyCallback
@@ -65,10 +68,14 @@ def main() -> None:
     parser.add_argument("--sigterm-rank", type=int, default=0)
     parser.add_argument("--accumulate", type=int, default=3)
     parser.add_argument("--swa-from", type=int, default=0)
+    parser.add_argument("--schedule", action="store_true")
     args = parser.parse_args()
     pl.seed_everything(0)
     # devices and strategy: the launcher's PL_TRAINER_* defaults, as for any script
     callbacks: list[pl.Callback] = [SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)]
+    if args.schedule:
+        callbacks.append(GradientAccumulationScheduler(scheduling={0: 1, 2: 3}))
+        args.accumulate = 1  # the scheduler requires the Trainer's default
     if args.swa_from:
         callbacks.append(StochasticWeightAveraging(swa_lrs=0.5, swa_epoch_start=args.swa_from,
                                                    annealing_epochs=3))  # fmt: skip

@@ -552,6 +552,7 @@ class SriftyCallback(pl.Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._session is not None:
             self._session.exit_if_preempted()
+            self._session.on_train_epoch_end(trainer)
         if self._measuring and self.profile_epochs is not None:
             self._epochs_in_window += 1
             if self._epochs_in_window >= self.profile_epochs:

@@ -123,6 +123,8 @@ class LaunchSession:
         """An emergency checkpoint is saved; the process ends at the next hook."""
         self._replay_at_first_batch = False
         """A resume inside an epoch: replay the epoch-start hooks Lightning skipped."""
+        self._resumed_mid_epoch = False
+        """Lightning restarted inside this epoch: its end steps the plateau schedulers."""
         self._deferred_preempt = False
         self._deferred_checkpoint = False
         """A save decided inside an accumulation cycle, taken at the cycle's optimizer step:
@@ -275,6 +277,7 @@ class LaunchSession:
         # at the first batch: GradientAccumulationScheduler's on_train_start refuses a
         # Trainer whose factor is not 1 yet
         self._replay_at_first_batch = _restarted_inside_epoch(trainer)
+        self._resumed_mid_epoch = bool(getattr(trainer.fit_loop, "restarted_mid_epoch", False))
         step = self.steps
         self._last_report_step = step
         self._last_ckpt_step = step
@@ -299,6 +302,26 @@ class LaunchSession:
         if self._replay_at_first_batch:
             self._replay_at_first_batch = False
             _replay_epoch_start(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer) -> None:
+        """The end of the epoch a resume continued: lets Lightning step its plateau
+        schedulers there as the uninterrupted run does.
+
+        Lightning skips ``ReduceLROnPlateau`` (and other epoch-interval schedulers) at the
+        end of the epoch it restarted in while the fit loop is still ``restarting``
+        (``fit_loop.on_advance_end``), for a checkpoint from after an epoch's end, whose
+        metrics are gone. A resume inside an epoch runs that epoch's batches and
+        validation, so its metrics are there; the launcher resumes inside epochs at every
+        preemption, and each one skipped a plateau step (measured: the learning rate kept
+        one reduction fewer and every later batch differed). The loop's own flag is
+        cleared, not its children's: only that check still reads it this epoch.
+        """
+        if not self._resumed_mid_epoch:
+            return
+        self._resumed_mid_epoch = False
+        loop = trainer.fit_loop
+        if getattr(loop, "_restarting", False):
+            loop._restarting = False
 
     def after_step(self, trainer: pl.Trainer) -> None:
         """Called at every batch end: progress, target, preemption, periodic save."""

@@ -376,6 +376,24 @@ def test_a_preemption_under_an_accumulation_schedule_resumes_with_the_epochs_fac
     assert {**first, **_batch_losses(log)} == whole
 
 
+def test_a_preemption_inside_an_epoch_keeps_its_plateau_schedulers_step(tmp_path: Path) -> None:
+    """Lightning does not step ``ReduceLROnPlateau`` at the end of the epoch it restarted
+    in: preempted at batch 15, the epoch's end kept its learning rate where the
+    uninterrupted run halved it, and every loss from batch 22 on differed."""
+    plateau = ("--accumulate", "1", "--plateau")
+    whole = _batch_losses_of(tmp_path / "whole", 40, *plateau)
+    split = tmp_path / "split"
+    split.mkdir()
+    log = split / "losses.txt"
+    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", "15", *plateau)
+    assert code == proto.PREEMPTED_EXIT_CODE
+    assert open_store(str(split / "store"), keep=10).refs()[0].step == 15
+    first = _batch_losses(log)
+    log.unlink()
+    assert _run_accumulating(split / "store", log, 40, *plateau) == 0
+    assert {**first, **_batch_losses(log)} == whole
+
+
 def test_a_preemption_inside_an_swa_epoch_keeps_swas_learning_rate_schedule(
     tmp_path: Path,
 ) -> None:

@@ -11,10 +11,12 @@ shutdown would (batches count from the run's start, restored ones included).
 ``--accumulate K`` sets ``accumulate_grad_batches`` (3); ``--schedule`` instead
 accumulates by Lightning's ``GradientAccumulationScheduler``, 1 batch for the first two
 epochs and 3 from the third; ``--swa-from E`` adds Lightning's
-``StochasticWeightAveraging`` from epoch ``E`` (1-based, its own convention).
+``StochasticWeightAveraging`` from epoch ``E`` (1-based, its own convention);
+``--plateau`` validates each epoch and halves the learning rate by ``ReduceLROnPlateau``
+on the validation loss.
 
     python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K | --schedule]
-                           [--swa-from E]
+                           [--swa-from E] [--plateau]
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ from lightning_srifty import SriftyCallback
 
 
 class Accumulating(pl.LightningModule):
-    def __init__(self, sigterm_at: int, sigterm_rank: int) -> None:
+    def __init__(self, sigterm_at: int, sigterm_rank: int, plateau: bool = False) -> None:
         super().__init__()
-        self.sigterm_at, self.sigterm_rank = sigterm_at, sigterm_rank
+        self.sigterm_at, self.sigterm_rank, self.plateau = sigterm_at, sigterm_rank, plateau
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
                                        torch.nn.Linear(16, 2))  # fmt: skip
 
@@ -44,6 +46,11 @@ class Accumulating(pl.LightningModule):
         g = torch.Generator().manual_seed(0)
         x, y = torch.randn(160, 8, generator=g), torch.randint(0, 2, (160,), generator=g)
         return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+
+    def val_dataloader(self) -> Any:
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(32, 8, generator=g), torch.randint(0, 2, (32,), generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=16) if self.plateau else []
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         time.sleep(float(os.environ.get("STEP_SLEEP_S", "0")))
@@ -58,8 +65,17 @@ class Accumulating(pl.LightningModule):
                 fh.write(f"{done} {float(loss.detach()).hex()}\n")
         return loss
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.net(x), y))
+
     def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        if not self.plateau:
+            return optimizer
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, threshold=0.5)
+        scheduler = {"scheduler": plateau, "monitor": "val_loss"}
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
 
 def main() -> None:
@@ -69,6 +85,7 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=3)
     parser.add_argument("--swa-from", type=int, default=0)
     parser.add_argument("--schedule", action="store_true")
+    parser.add_argument("--plateau", action="store_true")
     args = parser.parse_args()
     pl.seed_everything(0)
     # devices and strategy: the launcher's PL_TRAINER_* defaults, as for any script
@@ -83,7 +100,7 @@ def main() -> None:
                enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False,
                callbacks=callbacks,
-               ).fit(Accumulating(args.sigterm_at, args.sigterm_rank))  # fmt: skip
+               ).fit(Accumulating(args.sigterm_at, args.sigterm_rank, args.plateau))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -127,9 +127,12 @@ class LaunchSession:
         """Lightning restarted inside this epoch: its end steps the plateau schedulers."""
         self._deferred_preempt = False
         self._deferred_checkpoint = False
-        """A save decided inside an accumulation cycle, taken at the cycle's optimizer step:
-        a checkpoint holds no accumulated gradient, so one taken mid-cycle would resume
-        with the cycle's first micro-batches lost."""
+        """A save decided at a batch a checkpoint cannot resume exactly, taken at the next
+        batch that can (:func:`_save_waits_for`)."""
+        self._pending_handover = False
+        """The profile window ended at such a batch: hand over at the next one."""
+        self._waited = 0
+        """Batches a deferred save has waited (bounded: see :meth:`after_step`)."""
         self.samplers: list[Any] = []
         """Where each rebuilt training loader keeps its position: a :class:`ResumingBatchSampler`
         or a :class:`ResumingStreamLoader`."""
@@ -339,57 +342,55 @@ class LaunchSession:
             self._validation_s_at_report = self._validation_s
         agreed = self.vote.collect()
         # Every rank agrees on a vote at the same batch and stands at the same place in
-        # the accumulation cycle, so a deferred decision is still taken by all at once.
-        inside = _inside_accumulation(trainer)
-        if agreed.preempt or self._deferred_preempt:
-            if not inside:
-                self._emergency_exit(trainer)
-                return  # the emergency checkpoint is this step's only save
-            self._defer_preempt(trainer)
+        # the epoch, so a deferred decision is still taken by all at once.
+        wait = _save_waits_for(trainer)
+        waiting = self._pending_handover or self._deferred_preempt or self._deferred_checkpoint
+        self._waited = self._waited + 1 if waiting else 0
+        if wait and self._waited > int(trainer.accumulate_grad_batches) + 1:
+            wait = None  # validation after every batch: no batch loses nothing
+        if self._pending_handover and not wait:
+            self._hand_over(trainer)
+            return
         target = self.settings.target_steps
         if (target is not None and step >= target) or self._epochs_reached(trainer):
             trainer.should_stop = True
             return
-        every = self.settings.checkpoint_every_steps
-        # Steps are the same on every rank, so the step rule needs no vote; the clock
-        # rule is rank zero's reading, agreed through the vote.
-        if (
-            agreed.checkpoint
-            or self._deferred_checkpoint
-            or (every and step - self._last_ckpt_step >= every)
-        ):
-            self._save_or_defer(trainer, inside)
         interval = self.settings.checkpoint_interval_s
-        now = time.monotonic()
         local = self.vote.launch(
             notice=self.watcher is not None and self.watcher.should_checkpoint(),
             checkpoint_due=bool(interval and now - self._last_ckpt_time >= interval),
         )
-        if local.preempt:
-            if not inside:
+        if agreed.preempt or local.preempt or self._deferred_preempt:
+            if not wait:
                 self._emergency_exit(trainer)
-                return
-            self._defer_preempt(trainer)
-        if local.checkpoint:
-            self._save_or_defer(trainer, inside)
+                return  # the emergency checkpoint is this step's only save
+            self._defer_preempt(trainer, wait)
+        every = self.settings.checkpoint_every_steps
+        # Steps are the same on every rank, so the step rule needs no vote; the clock
+        # rule is rank zero's reading, agreed through the vote (or this process's alone).
+        if (
+            agreed.checkpoint
+            or local.checkpoint
+            or self._deferred_checkpoint
+            or (every and step - self._last_ckpt_step >= every)
+        ):
+            self._save_or_defer(trainer, wait)
 
-    def _save_or_defer(self, trainer: pl.Trainer, inside: bool) -> None:
-        """A periodic checkpoint now, or at the accumulation cycle's optimizer step."""
-        self._deferred_checkpoint = inside
-        if not inside:
+    def _save_or_defer(self, trainer: pl.Trainer, wait: str | None) -> None:
+        """A periodic checkpoint now, or at the next batch a checkpoint resumes exactly."""
+        self._deferred_checkpoint = wait is not None
+        if wait is None:
             self.save(trainer, "periodic")
 
-    def _defer_preempt(self, trainer: pl.Trainer) -> None:
-        """Keeps training to the accumulation cycle's optimizer step, said once."""
+    def _defer_preempt(self, trainer: pl.Trainer, wait: str) -> None:
+        """Keeps training to the next batch a checkpoint resumes exactly, said once."""
         if self._deferred_preempt:
             return
         self._deferred_preempt = True
         if trainer.is_global_zero:
-            k = max(int(trainer.accumulate_grad_batches), 1)
-            left = k - _batches_done_in_epoch(trainer) % k
             print(
-                f"srifty: preemption notice inside an accumulation cycle; the emergency "
-                f"checkpoint waits at most {left} batch(es), for the cycle's optimizer step",
+                f"srifty: preemption notice at a batch a checkpoint cannot resume exactly; "
+                f"the emergency checkpoint waits for {wait}",
                 file=sys.stderr,
             )
 
@@ -411,17 +412,32 @@ class LaunchSession:
         ``training_ended``: the script's own Trainer ended training inside the window
         (``EarlyStopping``, its ``max_epochs``): the job is done as the script defines it,
         so the checkpoint is the final one and the launcher is told why, not handed a job
-        to resume (a resumed ``EarlyStopping`` fails without its metric).
+        to resume (a resumed ``EarlyStopping`` fails without its metric). Otherwise a
+        window ending at a batch a checkpoint cannot resume exactly (:func:`_save_waits_for`)
+        hands over at the next batch that can.
         """
         if self.settings.mode != proto.MODE_PROFILE:
             return
-        self.save(trainer, "final" if training_ended else "profile-end")
-        if training_ended and self.settings.state_dir is not None and trainer.is_global_zero:
-            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
-            why = why_training_ended(trainer)
-            (self.settings.state_dir / proto.TRAINING_ENDED_MARKER).write_text(
-                f"{self.steps}\n{why}\n"
-            )
+        if training_ended:
+            self.save(trainer, "final")
+            if self.settings.state_dir is not None and trainer.is_global_zero:
+                self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+                why = why_training_ended(trainer)
+                (self.settings.state_dir / proto.TRAINING_ENDED_MARKER).write_text(
+                    f"{self.steps}\n{why}\n"
+                )
+            self._report(trainer, "profile-done", self.steps, 0.0)
+            trainer.should_stop = True
+            return
+        if _save_waits_for(trainer):
+            self._pending_handover = True
+            return
+        self._hand_over(trainer)
+
+    def _hand_over(self, trainer: pl.Trainer) -> None:
+        """The profiling run's checkpoint for the training run, and its end."""
+        self._pending_handover = False
+        self.save(trainer, "profile-end")
         self._report(trainer, "profile-done", self.steps, 0.0)
         trainer.should_stop = True
 
@@ -584,6 +600,35 @@ def _inside_accumulation(trainer: pl.Trainer) -> bool:
     batches = trainer.num_training_batches
     last = isinstance(batches, int) and done >= batches
     return done % k != 0 and not last
+
+
+def _save_waits_for(trainer: pl.Trainer) -> str | None:
+    """What a checkpoint taken at the batch that just ended would lose on its resume (in
+    words), or ``None`` where it resumes exactly.
+
+    * Inside a gradient-accumulation cycle: a checkpoint holds no accumulated gradient,
+      so the resume would lose the cycle's first micro-batches.
+    * At an epoch's last batch: the epoch's end (its validation pass, the epoch-end
+      hooks, ``ReduceLROnPlateau``) follows the batch; a resumed Lightning skips the
+      plateau step it would take there, whose metric the checkpoint does not keep.
+    * Before a validation pass due after the batch: a resumed Lightning fast-forwards
+      that pass (``increment_progress_to_evaluation_end``), so ``EarlyStopping``,
+      ``ReduceLROnPlateau`` and a monitoring ``ModelCheckpoint`` would see one fewer.
+
+    All three are the same on every rank at the same batch. A save that waits is taken
+    at the next batch end that loses nothing (at most the cycle's remaining batches, or
+    one batch after a validation pass or an epoch's end, unless validation follows every
+    batch).
+    """
+    if _inside_accumulation(trainer):
+        return "the accumulation cycle's optimizer step"
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if epoch_loop._num_ready_batches_reached():
+        return "the epoch's end"
+    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+    if fetcher is not None and not trainer.should_stop and epoch_loop._should_check_val_fx(fetcher):
+        return "the validation pass due after this batch"
+    return None
 
 
 def _restarted_inside_epoch(trainer: pl.Trainer) -> bool:

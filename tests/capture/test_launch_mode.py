@@ -320,15 +320,18 @@ def _batch_losses(log: Path) -> dict[int, list[str]]:
     return out
 
 
-@pytest.mark.parametrize("sigterm_at", [14, 20], ids=["inside-a-cycle", "at-an-epoch-end"])
+@pytest.mark.parametrize(
+    ("sigterm_at", "saved_at"), [(14, 16), (20, 23)], ids=["inside-a-cycle", "at-an-epoch-end"]
+)
 def test_a_preemption_inside_an_accumulation_cycle_saves_at_its_optimizer_step(
-    sigterm_at: int, tmp_path: Path
+    sigterm_at: int, saved_at: int, tmp_path: Path
 ) -> None:
     """A checkpoint holds no accumulated gradient: one taken after the 14th batch (two
     batches into a cycle of three) resumed with those two batches' gradients lost, and
     every loss after differed from the uninterrupted run's. The notice now waits for the
-    cycle's optimizer step (batch 16); one at an epoch's end (batch 20, where Lightning
-    steps on a partial cycle) is saved at once."""
+    cycle's optimizer step (batch 16). One at an epoch's last batch (20, where Lightning
+    steps on a partial cycle) waits for the epoch's end, and then for the next cycle's
+    step (23)."""
     whole = _batch_losses_of(tmp_path / "whole", 40)
     split = tmp_path / "split"
     split.mkdir()
@@ -337,7 +340,7 @@ def test_a_preemption_inside_an_accumulation_cycle_saves_at_its_optimizer_step(
     assert code == proto.PREEMPTED_EXIT_CODE
     newest = open_store(str(split / "store"), keep=10).refs()[0]
     assert newest.reason == "emergency"
-    assert newest.step == (16 if sigterm_at == 14 else 20)
+    assert newest.step == saved_at
     first = _batch_losses(log)
     log.unlink()
     assert _run_accumulating(split / "store", log, 40) == 0
@@ -376,18 +379,25 @@ def test_a_preemption_under_an_accumulation_schedule_resumes_with_the_epochs_fac
     assert {**first, **_batch_losses(log)} == whole
 
 
-def test_a_preemption_inside_an_epoch_keeps_its_plateau_schedulers_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sigterm_at", "saved_at"), [(15, 15), (20, 21)], ids=["inside-an-epoch", "at-its-end"]
+)
+def test_a_preemption_keeps_the_epochs_validation_and_plateau_step(
+    sigterm_at: int, saved_at: int, tmp_path: Path
+) -> None:
     """Lightning does not step ``ReduceLROnPlateau`` at the end of the epoch it restarted
     in: preempted at batch 15, the epoch's end kept its learning rate where the
-    uninterrupted run halved it, and every loss from batch 22 on differed."""
+    uninterrupted run halved it, and every loss from batch 22 on differed. Preempted at
+    the epoch's last batch (20), the checkpoint came before the epoch's validation pass
+    and plateau step, which the resume then skipped; it now waits for the epoch's end."""
     plateau = ("--accumulate", "1", "--plateau")
     whole = _batch_losses_of(tmp_path / "whole", 40, *plateau)
     split = tmp_path / "split"
     split.mkdir()
     log = split / "losses.txt"
-    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", "15", *plateau)
+    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", str(sigterm_at), *plateau)
     assert code == proto.PREEMPTED_EXIT_CODE
-    assert open_store(str(split / "store"), keep=10).refs()[0].step == 15
+    assert open_store(str(split / "store"), keep=10).refs()[0].step == saved_at
     first = _batch_losses(log)
     log.unlink()
     assert _run_accumulating(split / "store", log, 40, *plateau) == 0
@@ -436,7 +446,8 @@ def test_ranks_told_of_a_preemption_inside_a_cycle_save_together_at_its_optimize
     newest = open_store(str(split / "store"), keep=10).refs()[0]
     in_epoch = (newest.step - 1) % 5 + 1
     assert newest.reason == "emergency" and 7 <= newest.step < 40
-    assert in_epoch in (3, 5), newest.step  # an optimizer step: a full cycle or the epoch's end
+    # a full cycle's optimizer step; an epoch's last batch (5) waits for the epoch's end
+    assert in_epoch == 3, newest.step
     first = _batch_losses(log)
     log.unlink()
     assert _run_accumulating(split / "store", log, 40, processes=2) == 0

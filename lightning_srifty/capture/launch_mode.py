@@ -419,20 +419,26 @@ class LaunchSession:
         if self.settings.mode != proto.MODE_PROFILE:
             return
         if training_ended:
-            self.save(trainer, "final")
-            if self.settings.state_dir is not None and trainer.is_global_zero:
-                self.settings.state_dir.mkdir(parents=True, exist_ok=True)
-                why = why_training_ended(trainer)
-                (self.settings.state_dir / proto.TRAINING_ENDED_MARKER).write_text(
-                    f"{self.steps}\n{why}\n"
-                )
-            self._report(trainer, "profile-done", self.steps, 0.0)
-            trainer.should_stop = True
+            self._profiled_to_the_end(trainer)
             return
         if _save_waits_for(trainer):
             self._pending_handover = True
             return
         self._hand_over(trainer)
+
+    def _profiled_to_the_end(self, trainer: pl.Trainer) -> None:
+        """The script's own Trainer ended training in the profiling run: its final
+        checkpoint, and the marker that tells the launcher why."""
+        self._pending_handover = False
+        self.save(trainer, "final")
+        if self.settings.state_dir is not None and trainer.is_global_zero:
+            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+            why = why_training_ended(trainer)
+            (self.settings.state_dir / proto.TRAINING_ENDED_MARKER).write_text(
+                f"{self.steps}\n{why}\n"
+            )
+        self._report(trainer, "profile-done", self.steps, 0.0)
+        trainer.should_stop = True
 
     def _hand_over(self, trainer: pl.Trainer) -> None:
         """The profiling run's checkpoint for the training run, and its end."""
@@ -444,6 +450,9 @@ class LaunchSession:
     def on_train_end(self, trainer: pl.Trainer) -> None:
         self.exit_if_preempted()
         self.vote.finish()
+        if self._pending_handover:
+            # the window ended at the script's last batch: nothing is left to hand over
+            self._profiled_to_the_end(trainer)
         if self.settings.mode in proto.RUNNING_MODES:
             mean_step_s = self._mean_step_s(trainer)
             self.save(trainer, "final")

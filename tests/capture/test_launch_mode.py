@@ -20,6 +20,7 @@ from lightning_srifty.capture.launch_mode import LaunchSettings, _adopt_early_si
 from lightning_srifty.capture.preemption import PreemptionWatcher
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import ConfigError
+from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.io.checkpoint_store import open_store
 
 
@@ -452,3 +453,31 @@ def test_ranks_told_of_a_preemption_inside_a_cycle_save_together_at_its_optimize
     log.unlink()
     assert _run_accumulating(split / "store", log, 40, processes=2) == 0
     assert {**first, **_batch_losses(log)} == whole
+
+
+@pytest.mark.parametrize(
+    ("max_epochs", "saved"), [(2, (11, "profile-end")), (1, (10, "final"))], ids=["more", "last"]
+)
+def test_a_window_ending_at_an_epochs_last_batch_hands_over_where_a_resume_is_exact(
+    max_epochs: int, saved: tuple[int, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window (2 + 8 batches) ends at the epoch's last batch, before its end: the
+    handover waits a batch. Where that batch was the script's last (``max_epochs=1``),
+    training ends there and the run is reported complete; the waiting handover once left
+    no checkpoint and no ``profile-done`` at all."""
+    monkeypatch.setenv(proto.ENV_MODE, proto.MODE_PROFILE)
+    monkeypatch.setenv(proto.ENV_CHECKPOINT_URI, str(tmp_path / "store"))
+    monkeypatch.setenv(proto.ENV_STATE_DIR, str(tmp_path / "state"))
+    monkeypatch.setenv(proto.ENV_PROGRESS_PATH, str(tmp_path / "progress.jsonl"))
+    pl.seed_everything(0)
+    callback = SriftyCallback(warmup_steps=2, profile_steps=8, verbose=False, min_measure_s=0)
+    pl.Trainer(max_epochs=max_epochs, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+               callbacks=[callback]).fit(_Shuffled(False))  # fmt: skip
+    newest = open_store(str(tmp_path / "store")).refs()[0]
+    assert (newest.step, newest.reason) == saved
+    lines = (tmp_path / "progress.jsonl").read_text().splitlines()
+    done = [e for e in map(ProgressEvent.from_line, lines) if e.event == "profile-done"]
+    assert [e.step for e in done] == [saved[0]]
+    ended = (tmp_path / "state" / proto.TRAINING_ENDED_MARKER).exists()
+    assert ended == (saved[1] == "final")

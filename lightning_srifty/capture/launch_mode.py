@@ -624,7 +624,8 @@ def _save_waits_for(trainer: pl.Trainer) -> str | None:
       that pass (``increment_progress_to_evaluation_end``), so ``EarlyStopping``,
       ``ReduceLROnPlateau`` and a monitoring ``ModelCheckpoint`` would see one fewer.
 
-    All three are the same on every rank at the same batch. A save that waits is taken
+    All three are the same on every rank at the same batch (validation by the clock,
+    ``val_check_interval`` as a time, is not waited for). A save that waits is taken
     at the next batch end that loses nothing (at most the cycle's remaining batches, or
     one batch after a validation pass or an epoch's end, unless validation follows every
     batch).
@@ -635,6 +636,8 @@ def _save_waits_for(trainer: pl.Trainer) -> str | None:
     if epoch_loop._num_ready_batches_reached():
         return "the epoch's end"
     fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+    if getattr(trainer, "_val_check_time_interval", None) is not None:
+        return None  # validation by the clock: each rank's clock, not a batch all share
     if fetcher is not None and not trainer.should_stop and epoch_loop._should_check_val_fx(fetcher):
         return "the validation pass due after this batch"
     return None

@@ -481,3 +481,36 @@ def test_a_window_ending_at_an_epochs_last_batch_hands_over_where_a_resume_is_ex
     assert [e.step for e in done] == [saved[0]]
     ended = (tmp_path / "state" / proto.TRAINING_ENDED_MARKER).exists()
     assert ended == (saved[1] == "final")
+
+
+def test_validation_by_the_clock_does_not_hold_a_save(tmp_path: Path) -> None:
+    """``val_check_interval`` as a time is read on each rank's own clock, so ranks could
+    disagree on whether a pass is due: a save never waits for one (it would leave one
+    rank saving and exiting while the other trains on). Batch-counted validation does."""
+    from datetime import timedelta
+
+    from lightning_srifty.capture.launch_mode import _save_waits_for
+
+    class Recorder(pl.Callback):
+        def __init__(self) -> None:
+            self.waits: list[str | None] = []
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+            if trainer.fit_loop.epoch_loop.batch_progress.current.processed < 10:
+                self.waits.append(_save_waits_for(trainer))  # not the epoch's last batch
+
+    class Validated(_Shuffled):
+        def validation_step(self, batch: object, batch_idx: int) -> None:
+            return None
+
+        def val_dataloader(self) -> object:
+            return self.train_dataloader()
+
+    for interval, expected in ((timedelta(seconds=0), None), (1, "validation")):
+        recorder = Recorder()
+        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=tmp_path, val_check_interval=interval,
+                   num_sanity_val_steps=0, callbacks=[recorder]).fit(Validated(False))  # fmt: skip
+        assert len(recorder.waits) == 9
+        assert all((w is None) if expected is None else expected in str(w) for w in recorder.waits)

@@ -21,7 +21,7 @@ from lightning_srifty.capture.preemption import PreemptionWatcher
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.launch_protocol import ProgressEvent
-from lightning_srifty.io.checkpoint_store import open_store
+from lightning_srifty.io.checkpoint_store import CheckpointRef, open_store
 
 
 def _train(digits: ModuleType, root: Path, env: dict[str, str], monkeypatch) -> None:
@@ -321,6 +321,41 @@ def _batch_losses(log: Path) -> dict[int, list[str]]:
     return out
 
 
+def _batch_losses_of(
+    root: Path, target: int, *args: str, processes: int = 1
+) -> dict[int, list[str]]:
+    root.mkdir()
+    log = root / "losses.txt"
+    assert _run_accumulating(root / "store", log, target, *args, processes=processes) == 0
+    return _batch_losses(log)
+
+
+def _preempted_then_resumed(
+    tmp_path: Path, sigterm_at: int, *args: str, processes: int = 1, sleep_s: float = 0.0
+) -> tuple[CheckpointRef, dict[int, list[str]], dict[int, list[str]]]:
+    """40 batches of ``accumulating.py`` uninterrupted, and split by a SIGTERM at batch
+    ``sigterm_at`` (exit 75) and a resume: the newest checkpoint of the split run, the
+    uninterrupted run's losses, and the split run's (both parts, every batch once)."""
+    whole = _batch_losses_of(tmp_path / "whole", 40, *args, processes=processes)
+    split = tmp_path / "split"
+    split.mkdir()
+    log = split / "losses.txt"
+    signal_args = ("--sigterm-at", str(sigterm_at))
+    code = _run_accumulating(
+        split / "store", log, 40, *signal_args, *args, processes=processes, sleep_s=sleep_s
+    )
+    assert code == proto.PREEMPTED_EXIT_CODE
+    newest = open_store(str(split / "store"), keep=10).refs()[0]
+    assert newest.reason == "emergency"
+    first = _batch_losses(log)
+    assert sorted(first) == list(range(1, newest.step + 1))
+    log.unlink()
+    assert _run_accumulating(split / "store", log, 40, *args, processes=processes) == 0
+    second = _batch_losses(log)
+    assert sorted(second) == list(range(newest.step + 1, 41))
+    return newest, whole, {**first, **second}
+
+
 @pytest.mark.parametrize(
     ("sigterm_at", "saved_at"), [(14, 16), (20, 23)], ids=["inside-a-cycle", "at-an-epoch-end"]
 )
@@ -333,31 +368,9 @@ def test_a_preemption_inside_an_accumulation_cycle_saves_at_its_optimizer_step(
     cycle's optimizer step (batch 16). One at an epoch's last batch (20, where Lightning
     steps on a partial cycle) waits for the epoch's end, and then for the next cycle's
     step (23)."""
-    whole = _batch_losses_of(tmp_path / "whole", 40)
-    split = tmp_path / "split"
-    split.mkdir()
-    log = split / "losses.txt"
-    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", str(sigterm_at))
-    assert code == proto.PREEMPTED_EXIT_CODE
-    newest = open_store(str(split / "store"), keep=10).refs()[0]
-    assert newest.reason == "emergency"
+    newest, whole, split = _preempted_then_resumed(tmp_path, sigterm_at)
     assert newest.step == saved_at
-    first = _batch_losses(log)
-    log.unlink()
-    assert _run_accumulating(split / "store", log, 40) == 0
-    second = _batch_losses(log)
-    assert sorted(first) == list(range(1, newest.step + 1))
-    assert sorted(second) == list(range(newest.step + 1, 41))
-    assert {**first, **second} == whole
-
-
-def _batch_losses_of(
-    root: Path, target: int, *args: str, processes: int = 1
-) -> dict[int, list[str]]:
-    root.mkdir()
-    log = root / "losses.txt"
-    assert _run_accumulating(root / "store", log, target, *args, processes=processes) == 0
-    return _batch_losses(log)
+    assert split == whole
 
 
 def test_a_preemption_under_an_accumulation_schedule_resumes_with_the_epochs_factor(
@@ -367,17 +380,9 @@ def test_a_preemption_under_an_accumulation_schedule_resumes_with_the_epochs_fac
     a mid-epoch restart skips: preempted inside the third epoch (3 batches an update
     there), the resumed epoch stepped every batch and every later loss differed. The
     notice at batch 25 (5 of the epoch, inside a cycle) is also taken at batch 26."""
-    whole = _batch_losses_of(tmp_path / "whole", 40, "--schedule")
-    split = tmp_path / "split"
-    split.mkdir()
-    log = split / "losses.txt"
-    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", "25", "--schedule")
-    assert code == proto.PREEMPTED_EXIT_CODE
-    assert open_store(str(split / "store"), keep=10).refs()[0].step == 26
-    first = _batch_losses(log)
-    log.unlink()
-    assert _run_accumulating(split / "store", log, 40, "--schedule") == 0
-    assert {**first, **_batch_losses(log)} == whole
+    newest, whole, split = _preempted_then_resumed(tmp_path, 25, "--schedule")
+    assert newest.step == 26
+    assert split == whole
 
 
 @pytest.mark.parametrize(
@@ -392,17 +397,9 @@ def test_a_preemption_keeps_the_epochs_validation_and_plateau_step(
     the epoch's last batch (20), the checkpoint came before the epoch's validation pass
     and plateau step, which the resume then skipped; it now waits for the epoch's end."""
     plateau = ("--accumulate", "1", "--plateau")
-    whole = _batch_losses_of(tmp_path / "whole", 40, *plateau)
-    split = tmp_path / "split"
-    split.mkdir()
-    log = split / "losses.txt"
-    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", str(sigterm_at), *plateau)
-    assert code == proto.PREEMPTED_EXIT_CODE
-    assert open_store(str(split / "store"), keep=10).refs()[0].step == saved_at
-    first = _batch_losses(log)
-    log.unlink()
-    assert _run_accumulating(split / "store", log, 40, *plateau) == 0
-    assert {**first, **_batch_losses(log)} == whole
+    newest, whole, split = _preempted_then_resumed(tmp_path, sigterm_at, *plateau)
+    assert newest.step == saved_at
+    assert split == whole
 
 
 def test_a_preemption_inside_an_swa_epoch_keeps_swas_learning_rate_schedule(
@@ -413,17 +410,9 @@ def test_a_preemption_inside_an_swa_epoch_keeps_swas_learning_rate_schedule(
     the second epoch, batches 11-20), the resumed epoch ended without an SWA step, the
     learning rate trailed by an epoch and every loss from batch 22 on differed."""
     swa = ("--accumulate", "1", "--swa-from", "2")
-    whole = _batch_losses_of(tmp_path / "whole", 40, *swa)
-    split = tmp_path / "split"
-    split.mkdir()
-    log = split / "losses.txt"
-    code = _run_accumulating(split / "store", log, 40, "--sigterm-at", "15", *swa)
-    assert code == proto.PREEMPTED_EXIT_CODE
-    assert open_store(str(split / "store"), keep=10).refs()[0].step == 15
-    first = _batch_losses(log)
-    log.unlink()
-    assert _run_accumulating(split / "store", log, 40, *swa) == 0
-    assert {**first, **_batch_losses(log)} == whole
+    newest, whole, split = _preempted_then_resumed(tmp_path, 15, *swa)
+    assert newest.step == 15
+    assert split == whole
 
 
 @pytest.mark.slow
@@ -432,27 +421,15 @@ def test_ranks_told_of_a_preemption_inside_a_cycle_save_together_at_its_optimize
 ) -> None:
     """Two DDP processes (5 batches an epoch each, cycles of 3): rank 1 alone gets the
     SIGTERM, inside its 7th batch; the vote tells rank 0 (a round about a second: 0.25 s
-    batches), both wait for the cycle's
-    optimizer step and save there together, and the resumed pair trains every later
-    batch as the uninterrupted pair does."""
-    whole = _batch_losses_of(tmp_path / "whole", 40, processes=2)
-    split = tmp_path / "split"
-    split.mkdir()
-    log = split / "losses.txt"
-    code = _run_accumulating(
-        split / "store", log, 40, "--sigterm-at", "7", "--sigterm-rank", "1",
-        processes=2, sleep_s=0.25,
-    )  # fmt: skip
-    assert code == proto.PREEMPTED_EXIT_CODE
-    newest = open_store(str(split / "store"), keep=10).refs()[0]
-    in_epoch = (newest.step - 1) % 5 + 1
-    assert newest.reason == "emergency" and 7 <= newest.step < 40
+    batches), both wait for the cycle's optimizer step and save there together, and the
+    resumed pair trains every later batch as the uninterrupted pair does."""
+    newest, whole, split = _preempted_then_resumed(
+        tmp_path, 7, "--sigterm-rank", "1", processes=2, sleep_s=0.25
+    )
+    assert 7 <= newest.step < 40
     # a full cycle's optimizer step; an epoch's last batch (5) waits for the epoch's end
-    assert in_epoch == 3, newest.step
-    first = _batch_losses(log)
-    log.unlink()
-    assert _run_accumulating(split / "store", log, 40, processes=2) == 0
-    assert {**first, **_batch_losses(log)} == whole
+    assert (newest.step - 1) % 5 + 1 == 3, newest.step
+    assert split == whole
 
 
 @pytest.mark.parametrize(

@@ -600,15 +600,9 @@ def _batches_done_in_epoch(trainer: pl.Trainer) -> int:
 
 def _inside_accumulation(trainer: pl.Trainer) -> bool:
     """Whether the batch that just ended left gradients accumulated for an optimizer step
-    still to come (Lightning's rule: a step every ``accumulate_grad_batches`` batches of
-    the epoch, and at its last batch)."""
-    k = max(int(trainer.accumulate_grad_batches), 1)
-    if k == 1:
-        return False
-    done = _batches_done_in_epoch(trainer)
-    batches = trainer.num_training_batches
-    last = isinstance(batches, int) and done >= batches
-    return done % k != 0 and not last
+    still to come: Lightning's own rule (a step every ``accumulate_grad_batches`` batches
+    of the epoch, and at its last batch), read at the batch-end hooks."""
+    return bool(trainer.fit_loop.epoch_loop._should_accumulate())
 
 
 def _save_waits_for(trainer: pl.Trainer) -> str | None:

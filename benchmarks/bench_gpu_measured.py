@@ -43,6 +43,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,7 @@ from lightning_srifty.io.traces import TraceSet, coarse_profile, load_traces
 HERE = Path(__file__).resolve().parent
 DEFAULT_ROOT = HERE.parents[1] / "shared" / "data"
 DEFAULT_RESULTS = HERE / "gpu" / "h100-2026-11-27"
+DEFAULT_TRACES = HERE / "gpu" / "h100-2026-11-28"
 KINDS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
 JUDGED = ("cifar10", "imagenet", "bert")
 
@@ -109,6 +111,67 @@ def capture(results: Path) -> None:
         )
     worst = max(ratios, key=lambda r: abs(math.log(r)))
     print(f"   worst profile/plain now {worst:.3f}; median {statistics.median(ratios):.3f}\n")
+
+
+def steady_rate(run: dict[str, Any]) -> float:
+    """A run's training rate: median batch-end interval after warm-up and window."""
+    intervals = run["host_interval_s"]
+    skip = min((run.get("profiled_at_batch_end") or 0) + 10, len(intervals) // 2)
+    return statistics.median(intervals[max(skip, 5) :])
+
+
+def trace_runs(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each job's runs from a ``capture_trace.py`` file (schema 1 held one pair)."""
+    data = json.loads(path.read_text())
+    return {
+        name: job["runs"] if "runs" in job else [job["plain"], job["callback"]]
+        for name, job in data["jobs"].items()
+    }
+
+
+def capture_repeated(traces: Path) -> None:
+    """Section 1b: the code of today, every run's profile against the run it came from."""
+    files = sorted(traces.glob("trace-*.json"))
+    if not files:
+        print(f"   (no capture_trace.py results in {traces})\n")
+        return
+    print(f"== 1b. capture of today, {len(files)} calls of capture_trace.py ({traces.name})")
+    print(
+        f"{'call':28s} {'job':12s} {'profile':>8s} {'own run':>8s} {'plain':>8s} "
+        f"{'/own':>6s} {'/plain':>7s}"
+    )
+    own: list[float] = []
+    plain_ratios: list[float] = []
+    spread: list[float] = []
+    for path in files:
+        for name, runs in trace_runs(path).items():
+            plain = [steady_rate(r) for r in runs if not r["callback"]]
+            reference = statistics.median(plain)
+            if len(plain) > 1:
+                spread.append(max(plain) / min(plain))
+            for run in runs:
+                if not run["callback"] or "profile_steps" not in run:
+                    continue
+                profile = run["profile_steps"]["step"]["mean_s"]
+                rate = steady_rate(run)
+                own.append(profile / rate)
+                plain_ratios.append(profile / reference)
+                print(
+                    f"{path.stem:28s} {name:12s} {profile * 1e3:8.2f} {rate * 1e3:8.2f} "
+                    f"{reference * 1e3:8.2f} {own[-1]:6.3f} {plain_ratios[-1]:7.3f}"
+                )
+    for label, ratios in (("its own run", own), ("the plain runs", plain_ratios)):
+        errors = [abs(r - 1) for r in ratios]
+        print(
+            f"   profile / {label}: median {statistics.median(ratios):.3f}, median |error| "
+            f"{100 * statistics.median(errors):.1f} %, worst {100 * max(errors):.1f} % "
+            f"over {len(ratios)} runs"
+        )
+    if spread:
+        print(
+            f"   noise floor: one job's plain runs on one machine differ by up to "
+            f"{100 * (max(spread) - 1):.0f} % (max/min)\n"
+        )
 
 
 def traces_to_h100(model: PerformanceModel, sets: dict[str, TraceSet], results: Path) -> None:
@@ -239,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--data-root", type=Path, default=DEFAULT_ROOT)
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    p.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
     args = p.parse_args(argv)
     if not (args.results / "lightning.json").exists():
         print(f"skipped: no GPU results in {args.results} (run benchmarks/gpu/measure_jobs.py)")
         return 0
     capture(args.results)
+    capture_repeated(args.traces)
     if not all((args.data_root / k).is_dir() for k in KINDS):
         print(f"skipped checks 2-3: the traces are not in {args.data_root}")
         return 0

@@ -1154,7 +1154,21 @@ def _trainer_limits(
         "automatic_optimization": bool(trainer.lightning_module.automatic_optimization),
         "accumulation_schedule": _accumulation_schedule(trainer),
         "world_size": int(trainer.world_size),
+        **_time_limit(trainer),
     }
+
+
+def _time_limit(trainer: pl.Trainer) -> dict[str, float]:
+    """``Trainer(max_time=...)`` (Lightning's ``Timer``) in seconds, and the training time
+    it has counted so far: the launcher tells where the limit will end the run."""
+    from lightning.pytorch.callbacks import Timer
+
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        remaining = callback.time_remaining() if isinstance(callback, Timer) else None
+        if remaining is not None:
+            elapsed = float(callback.time_elapsed())
+            return {"max_time_s": round(elapsed + remaining, 3), "time_elapsed_s": elapsed}
+    return {}
 
 
 def _accumulation_schedule(trainer: pl.Trainer) -> dict[str, int] | None:

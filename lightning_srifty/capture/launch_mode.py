@@ -20,6 +20,7 @@ Outside the launcher none of this runs. Under it, environment variables (see
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import sys
@@ -456,7 +457,18 @@ class LaunchSession:
         if self.settings.mode in proto.RUNNING_MODES:
             mean_step_s = self._mean_step_s(trainer)
             self.save(trainer, "final")
-            self._report(trainer, "done", self.steps, mean_step_s)
+            reason = "" if self._target_reached(trainer) else why_training_ended(trainer)
+            self._report(trainer, "done", self.steps, mean_step_s, reason=reason)
+
+    def _target_reached(self, trainer: pl.Trainer) -> bool:
+        """Whether the launcher's target ended this run (else the script's own rule did)."""
+        target = self.settings.target_steps
+        if target is not None and self.steps >= target:
+            return True
+        epochs = self.settings.target_epochs
+        return epochs is not None and (
+            trainer.current_epoch >= math.ceil(epochs) or self._epochs_reached(trainer)
+        )
 
     def _mean_step_s(self, trainer: pl.Trainer) -> float:
         """Mean step time of this attempt so far, validation passes left out (0 before
@@ -539,6 +551,7 @@ class LaunchSession:
         step_s: float,
         checkpoint: str = "",
         allreduce: tuple[tuple[int, float], ...] = (),
+        reason: str = "",
     ) -> None:
         path = self.settings.progress_path
         if not trainer.is_global_zero or (path is None and not self.settings.progress_stdout):
@@ -551,6 +564,7 @@ class LaunchSession:
             checkpoint=checkpoint,
             world_size=int(trainer.world_size),
             allreduce=allreduce,
+            reason=reason,
         ).to_line()
         if self.settings.progress_stdout:
             print(proto.PROGRESS_LINE_PREFIX + line, flush=True)
@@ -693,6 +707,17 @@ def why_training_ended(trainer: pl.Trainer) -> str:
             return f"{type(callback).__name__}: {message.strip()}"
         if int(getattr(callback, "stopped_epoch", 0) or 0) > 0:
             return f"{type(callback).__name__} stopped it at epoch {callback.stopped_epoch}"
+    from lightning.pytorch.callbacks import Timer
+
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        remaining = callback.time_remaining() if isinstance(callback, Timer) else None
+        if remaining is not None and remaining <= 0:
+            limit = dt.timedelta(seconds=round(callback.time_elapsed() - remaining))
+            trained = dt.timedelta(seconds=round(callback.time_elapsed()))
+            return (
+                f"its Trainer(max_time={limit}) was reached after {trained} of training "
+                "(Lightning's Timer counts every resumed run's time)"
+            )
     if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch:
         return f"its Trainer(max_epochs={trainer.max_epochs}) was reached"
     if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:

@@ -491,6 +491,9 @@ def summary_rows(outcome: LaunchOutcome) -> list[tuple[str, str]]:
             )
         )
     rows.append(("steps done", f"{run.steps_done} / {run.target_steps}"))
+    ended = [e.reason for a in run.attempts for e in a.events if e.event == "done" and e.reason]
+    if ended and run.steps_done < run.target_steps:
+        rows.append(("ended by the script", ended[-1]))
     resumed = [a.resumed_from for a in run.attempts if a.resumed_from]
     rows.append(("resumed from", ", ".join(resumed) or "-"))
     rows.append(("preemptions survived", str(len(run.migrations) + run.recoveries)))

@@ -210,11 +210,16 @@ class ProgressEvent:
     allreduce: tuple[tuple[int, float], ...] = ()
     """``collective`` events: ``(bytes, seconds)`` of an all-reduce among every process,
     per buffer size (a probe's collective-bandwidth measurement)."""
+    reason: str = ""
+    """``done`` events before the launcher's target: the script's own rule that ended
+    training (``"its Trainer(max_time=...) was reached ..."``), in words."""
 
     def to_line(self) -> str:
         data = asdict(self)
         if not self.allreduce:
             del data["allreduce"]
+        if not self.reason:
+            del data["reason"]
         return json.dumps(data, separators=(",", ":"))
 
     @staticmethod
@@ -232,6 +237,7 @@ class ProgressEvent:
             checkpoint=r.str("checkpoint", ""),
             world_size=r.int("world_size", 1, minimum=1),
             allreduce=_timings(r),
+            reason=r.str("reason", ""),
         )
 
 

@@ -8,6 +8,7 @@ and asks. That keeps the flow testable end to end with a silent UI.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import importlib.util
 import math
@@ -461,6 +462,13 @@ def _run_launch(
         result.batch.base_per_step(world_of(chosen)),
     )
     target = _bounded_by_script(target, profile, world_of(chosen), ui)
+    _note_time_limit(
+        profile,
+        _expectation(chosen, profile, model, local, target),
+        max((ref.step for ref in store.refs()), default=0),
+        target,
+        ui,
+    )
     if topology is not None:
         ui.info(
             f"each process trains on batches of {result.batch.per_process_batch} (global "
@@ -682,6 +690,44 @@ def _bounded_by_script(target: int, profile: Profile, world: int, ui: LauncherUI
         )
         return limit
     return target
+
+
+def time_limit_step(
+    profile: Profile, per_step_s: float, start_step: int
+) -> tuple[int, float] | None:
+    """Where the script's ``Trainer(max_time=...)`` ends training at ``per_step_s`` a step
+    (validation included): the step, and the limit in seconds (``None``: none is set).
+
+    Lightning's ``Timer`` counts the training stage's wall time, validation included, and
+    a resumed run carries the time counted before. The profile recorded the limit and the
+    time counted by the window's end; the rest goes at the run's predicted step.
+    """
+    limits = profile.extra.get("trainer")
+    if not isinstance(limits, dict) or per_step_s <= 0:
+        return None
+    limit, elapsed = limits.get("max_time_s"), limits.get("time_elapsed_s", 0.0)
+    if not isinstance(limit, int | float) or not isinstance(elapsed, int | float):
+        return None
+    return start_step + max(int((limit - elapsed) / per_step_s), 0), float(limit)
+
+
+def _note_time_limit(
+    profile: Profile, expected: Expectation, start_step: int, target: int, ui: LauncherUI
+) -> None:
+    """Says where ``Trainer(max_time=...)`` will end the run, if before the target: the
+    plan's time and cost are the target's, and the limit is never lifted."""
+    per_step_s = expected.step_s + expected.validation_s
+    found = time_limit_step(profile, per_step_s, start_step)
+    if found is None or found[0] >= target:
+        return
+    step, limit_s = found
+    ui.info(
+        f"note: the script's own Trainer(max_time={dt.timedelta(seconds=round(limit_s))}) "
+        f"ends training at about step {step:,} on this plan (its predicted "
+        f"{per_step_s * 1e3:.1f} ms a step, validation included), before the target of "
+        f"{target:,} steps; the plan's time and cost are the target's, and srifty-launch "
+        "never lifts a script's limits"
+    )
 
 
 def _world_of(local: LocalBackend | None, p: Plan) -> int:

@@ -49,3 +49,16 @@ def test_a_probes_collective_timings_travel_in_its_progress_line() -> None:
         ProgressEvent.from_line(
             '{"event":"collective","time":1,"step":3,"allreduce":[[65536,-1]]}', source="p.jsonl"
         )
+
+
+def test_the_scripts_reason_for_ending_travels_in_its_done_line() -> None:
+    """A ``done`` before the target says which of the script's rules ended training; a
+    line without one (the target reached, or an older job) reads as no reason."""
+    from lightning_srifty.core.launch_protocol import ProgressEvent
+
+    why = "its Trainer(max_time=0:00:04) was reached after 0:00:04 of training"
+    event = ProgressEvent("done", 1.0, 134, 0.02, reason=why)
+    assert ProgressEvent.from_line(event.to_line()).reason == why
+    reached = ProgressEvent("done", 1.0, 1000, 0.02)
+    assert "reason" not in reached.to_line()
+    assert ProgressEvent.from_line('{"event":"done","time":1,"step":3}').reason == ""

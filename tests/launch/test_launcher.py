@@ -24,7 +24,12 @@ from lightning_srifty.core.launch_protocol import ProgressEvent
 from lightning_srifty.core.planner import PlanRequest
 from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.io.checkpoint_store import open_store
-from lightning_srifty.launch.launcher import LaunchOptions, run_launch, user_limit_steps
+from lightning_srifty.launch.launcher import (
+    LaunchOptions,
+    run_launch,
+    time_limit_step,
+    user_limit_steps,
+)
 from tests.conftest import REPO_ROOT, S3_TEST_ENV
 from tests.fakes import ClusterScript, FakeSkyApi, RecordingUI, VirtualClock
 
@@ -542,3 +547,26 @@ def test_the_scripts_max_steps_bound_the_batches_lightning_runs(
     assert isinstance(callback, SriftyCallback)
     assert callback.profile is not None
     assert user_limit_steps(callback.profile, 1) == (module.trained, f"max_steps={max_steps}")
+
+
+@pytest.mark.parametrize("max_time", [{"hours": 1}, None])
+def test_the_scripts_max_time_is_recorded_and_placed_at_a_step(
+    max_time: dict[str, int] | None, tmp_path: Path
+) -> None:
+    """``Trainer(max_time=...)``: the profile keeps the limit and the training time
+    Lightning's ``Timer`` counted by the window's end; the rest, at the run's step, is
+    where the script will stop. No limit, no step."""
+    callback = SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)
+    pl.Trainer(max_steps=6, max_time=max_time, accelerator="cpu", devices=1,
+               default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, callbacks=[callback],
+               ).fit(_Counting(10))  # fmt: skip
+    assert callback.profile is not None
+    limits = callback.profile.extra["trainer"]
+    if max_time is None:
+        assert "max_time_s" not in limits
+        assert time_limit_step(callback.profile, 0.5, 10) is None
+        return
+    elapsed = limits["time_elapsed_s"]
+    assert limits["max_time_s"] == 3600.0 and 0 < elapsed < 60
+    assert time_limit_step(callback.profile, 0.5, 10) == (10 + int((3600 - elapsed) / 0.5), 3600.0)

@@ -2,14 +2,16 @@
 
 40 training batches an epoch and 5 validation batches a pass by default;
 ``VAL_SLEEP_S=<s>`` makes every validation batch take at least that long (a pass worth
-pricing on any machine). ``benchmarks/bench_validation_pricing.py`` sizes it with the
-flags below (``--val-samples 0`` turns validation off). ``--early-stop-patience P``
-adds Lightning's ``EarlyStopping`` on ``val_loss`` with a ``min_delta`` no pass meets:
-training stops after P + 1 epochs, by the script's own rule.
+pricing on any machine), ``TRAIN_SLEEP_S=<s>`` every training batch.
+``benchmarks/bench_validation_pricing.py`` sizes it with the flags below
+(``--val-samples 0`` turns validation off). ``--early-stop-patience P`` adds Lightning's
+``EarlyStopping`` on ``val_loss`` with a ``min_delta`` no pass meets: training stops
+after P + 1 epochs, by the script's own rule. ``--max-time S`` sets
+``Trainer(max_time=...)`` to S seconds.
 
     python validated.py [--max-epochs N] [--train-samples N] [--val-samples N]
                         [--width W] [--num-workers W] [--early-stop-patience P]
-                        [--profile-steps N]
+                        [--profile-steps N] [--max-time S]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Regressor(L.LightningModule):
                                  nn.ReLU(), nn.Linear(width, 1))  # fmt: skip
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        time.sleep(float(os.environ.get("TRAIN_SLEEP_S", "0")))
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
 
@@ -57,6 +60,7 @@ def main() -> int:
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--early-stop-patience", type=int, default=None)
     p.add_argument("--profile-steps", type=int, default=None)
+    p.add_argument("--max-time", type=float, default=None)
     args = p.parse_args()
     g = torch.Generator().manual_seed(0)
     n, v = args.train_samples, args.val_samples
@@ -67,7 +71,8 @@ def main() -> int:
     if args.early_stop_patience is not None:
         callbacks.append(EarlyStopping("val_loss", patience=args.early_stop_patience,
                                        min_delta=1e9))  # fmt: skip
-    trainer = L.Trainer(max_epochs=args.max_epochs, enable_progress_bar=False,
+    max_time = None if args.max_time is None else {"seconds": args.max_time}
+    trainer = L.Trainer(max_epochs=args.max_epochs, max_time=max_time, enable_progress_bar=False,
                         enable_model_summary=False, logger=False, enable_checkpointing=False,
                         limit_val_batches=1.0 if v else 0, callbacks=callbacks)  # fmt: skip
     workers = {"num_workers": args.num_workers}

@@ -319,6 +319,53 @@ def test_cpu_profile_records_the_share_of_a_core_it_got(profiled_run: dict[str, 
     assert 0.0 < host["cpu_share"] <= 1.05
 
 
+class _Sleeping(pl.LightningModule):
+    """Each step computes about 10 ms on one thread, then sleeps 50 ms (a blocking read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(256, 256)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader[tuple[torch.Tensor, ...]]:
+        x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4)
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        until = time.thread_time() + 0.01
+        y = self.net(batch[0])
+        while time.thread_time() < until:
+            y = torch.tanh(y @ self.net.weight.detach())
+        time.sleep(0.05)
+        return self.net(batch[0]).pow(2).mean() + 0 * y.sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.skipif(
+    not Path("/proc/thread-self/schedstat").exists(), reason="needs Linux's per-thread schedstat"
+)
+def test_a_step_that_blocks_is_not_read_as_a_core_denied(tmp_path: Path) -> None:
+    """The share of a core is time on a core over time runnable (on a core or queued for
+    one), as the kernel counts it: a step that sleeps 50 ms of its 60 was read as a
+    sixth of a core (CPU seconds per wall second), and the local run of such a job was
+    predicted 2.4x too fast (10 ms for 24 ms measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        callback = SriftyCallback(warmup_steps=2, profile_steps=5, min_measure_s=0, verbose=False)
+        pl.Trainer(max_steps=8, accelerator="cpu", devices=1, default_root_dir=tmp_path,
+                   logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, callbacks=[callback]).fit(_Sleeping())  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert callback.profile is not None
+    share = callback.profile.extra["host"]["cpu_share"]
+    per_wall_second = callback._compute_cpu_s / callback._compute_wall_s
+    assert per_wall_second < 0.4  # the old reading: the sleep counted as a core denied
+    assert share > max(0.5, 1.5 * per_wall_second), (share, per_wall_second)
+
+
 def test_the_profile_takes_its_compute_time_from_hook_free_steps(
     profiled_run: dict[str, Any],
 ) -> None:

@@ -117,7 +117,7 @@ def steady_rate(run: dict[str, Any]) -> float:
     """A run's training rate: median batch-end interval after warm-up and window."""
     intervals = run["host_interval_s"]
     skip = min((run.get("profiled_at_batch_end") or 0) + 10, len(intervals) // 2)
-    return statistics.median(intervals[max(skip, 5) :])
+    return statistics.median(intervals[max(skip, 5) :] or intervals)
 
 
 def trace_runs(path: Path) -> dict[str, list[dict[str, Any]]]:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_jobs import JOBS, PROFILE_BATCHES, Job  # noqa: E402
+from measure_jobs import JOBS, PROFILE_BATCHES, Job, job_loader, job_module, job_trainer  # noqa: E402
 
 SCHEMA = "srifty.gpu-capture-trace/2"
 
@@ -60,48 +60,12 @@ def run(job: Job, batch: int, steps: int, out: Path, with_callback: bool) -> dic
             if srifty is not None and srifty.profiled and self.profiled_at is None:
                 self.profiled_at = len(self.host)
 
-    class Synthetic(torch.utils.data.Dataset[tuple[Any, ...]]):
-        def __init__(self) -> None:
-            cpu = torch.device("cpu")
-            self.pool = [tuple(x[0] for x in job.inputs(1, cpu)) for _ in range(32)]
-
-        def __len__(self) -> int:
-            return 100_000
-
-        def __getitem__(self, i: int) -> tuple[Any, ...]:
-            return self.pool[i % len(self.pool)]
-
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = job.build()
-
-        def training_step(self, batch: tuple[Any, ...], batch_idx: int) -> torch.Tensor:
-            return job.loss(self.net, batch)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return job.optimizer(self.net)
-
     path = out / f"profile-{job.name}.json"
     srifty = SriftyCallback(profile_path=path) if with_callback else None
     trace = Trace()
-    trainer = pl.Trainer(
-        accelerator="auto",
-        devices=1,
-        precision="16-mixed" if job.precision == "amp" and cuda else "32-true",
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        gradient_clip_val=job.clip,
-        callbacks=[trace] if srifty is None else [trace, srifty],
-    )
-    loader = torch.utils.data.DataLoader(
-        Synthetic(), batch_size=batch, num_workers=2, pin_memory=cuda
-    )
+    trainer = job_trainer(job, steps, [trace] if srifty is None else [trace, srifty])
     started = time.perf_counter()
-    trainer.fit(Module(), train_dataloaders=loader)
+    trainer.fit(job_module(job), train_dataloaders=job_loader(job, batch))
     if cuda:
         torch.cuda.synchronize()
     host = [b - a for a, b in zip(trace.host, trace.host[1:], strict=False)]
@@ -129,7 +93,7 @@ def steady_rate(result: dict[str, Any]) -> float:
     """The run's training rate: the median batch-end interval after warm-up and window."""
     intervals = result["host_interval_s"]
     skip = min((result.get("profiled_at_batch_end") or 0) + 10, len(intervals) // 2)
-    return statistics.median(intervals[max(skip, 5) :])
+    return statistics.median(intervals[max(skip, 5) :] or intervals)
 
 
 def summary(name: str, runs: list[dict[str, Any]]) -> str:

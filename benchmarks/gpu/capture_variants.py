@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_jobs import JOBS, PROFILE_BATCHES  # noqa: E402
+from measure_jobs import JOBS, PROFILE_BATCHES, job_loader, job_module, job_trainer  # noqa: E402
 
 
 def run(name: str, variant: str, steps: int, out: Path) -> dict[str, Any]:
@@ -64,28 +64,6 @@ def run(name: str, variant: str, steps: int, out: Path) -> dict[str, Any]:
         def on_train_batch_end(self, *a: Any) -> None:
             self._mark()
 
-    class Synthetic(torch.utils.data.Dataset):
-        def __init__(self) -> None:
-            cpu = torch.device("cpu")
-            self.pool = [tuple(x[0] for x in job.inputs(1, cpu)) for _ in range(32)]
-
-        def __len__(self) -> int:
-            return 100_000
-
-        def __getitem__(self, i: int) -> Any:
-            return self.pool[i % 32]
-
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = job.build()
-
-        def training_step(self, b: Any, i: int) -> Any:
-            return job.loss(self.net, b)
-
-        def configure_optimizers(self) -> Any:
-            return job.optimizer(self.net)
-
     trace = Trace()
     cbs: list[Any] = [trace]
     saved = cbmod.CudaClock
@@ -95,23 +73,9 @@ def run(name: str, variant: str, steps: int, out: Path) -> dict[str, Any]:
         cbs.append(SriftyCallback(profile_path=out / f"p-{name}-{variant}.json", verbose=False))
     elif variant == "events":
         cbs.append(Events())
-    trainer = pl.Trainer(
-        accelerator="auto",
-        devices=1,
-        precision="16-mixed" if job.precision == "amp" else "32-true",
-        max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        gradient_clip_val=job.clip,
-        callbacks=cbs,
-    )
-    loader = torch.utils.data.DataLoader(
-        Synthetic(), batch_size=batch, num_workers=2, pin_memory=True
-    )
+    trainer = job_trainer(job, steps, cbs)
     try:
-        trainer.fit(Module(), train_dataloaders=loader)
+        trainer.fit(job_module(job), train_dataloaders=job_loader(job, batch))
     finally:
         cbmod.CudaClock = saved  # type: ignore[misc]
     torch.cuda.synchronize()

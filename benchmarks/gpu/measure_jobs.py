@@ -358,6 +358,66 @@ WARMUP, PROFILE, CLEAN = 5, 20, 10
 """SriftyCallback's window here, and how many steps after it both runs are timed on."""
 
 
+def job_module(job: Job) -> Any:
+    """``job`` as a ``LightningModule``: its network, loss and optimizer, nothing else."""
+    import lightning.pytorch as pl
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = job.build()
+
+        def training_step(self, batch: tuple[Any, ...], batch_idx: int) -> torch.Tensor:
+            return job.loss(self.net, batch)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return job.optimizer(self.net)
+
+    return Module()
+
+
+def job_loader(job: Job, batch: int) -> torch.utils.data.DataLoader[tuple[Any, ...]]:
+    """Synthetic samples of ``job`` through a ``DataLoader`` with 2 workers (pinned on
+    GPUs), as a user's loader would feed it."""
+
+    class Synthetic(torch.utils.data.Dataset[tuple[Any, ...]]):
+        # Distinct samples: a batch of one repeated sample has no variance, and its
+        # normalised activations underflow to denormals that stall CPU arithmetic.
+        def __init__(self) -> None:
+            cpu = torch.device("cpu")
+            self.pool = [tuple(x[0] for x in job.inputs(1, cpu)) for _ in range(32)]
+
+        def __len__(self) -> int:
+            return 100_000
+
+        def __getitem__(self, i: int) -> tuple[Any, ...]:
+            return self.pool[i % len(self.pool)]
+
+    return torch.utils.data.DataLoader(
+        Synthetic(), batch_size=batch, num_workers=2, pin_memory=torch.cuda.is_available()
+    )
+
+
+def job_trainer(job: Job, max_steps: int, callbacks: list[Any]) -> Any:
+    """One device, ``job``'s precision (AMP on GPUs) and clipping, no logger, checkpoint,
+    progress bar or summary: the steps and the callbacks' own work alone."""
+    import lightning.pytorch as pl
+
+    cuda = torch.cuda.is_available()
+    return pl.Trainer(
+        accelerator="auto",
+        devices=1,
+        precision="16-mixed" if job.precision == "amp" and cuda else "32-true",
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=job.clip,
+        callbacks=callbacks,
+    )
+
+
 def lightning_run(
     job: Job, batch: int, out: Path, smoke: bool, profile: bool
 ) -> tuple[Path | None, float | None]:
@@ -391,30 +451,6 @@ def lightning_run(
                     self.steps.append(now - self.last)
                 self.last = now
 
-    class Synthetic(torch.utils.data.Dataset[tuple[Any, ...]]):
-        # Distinct samples: a batch of one repeated sample has no variance, and its
-        # normalised activations underflow to denormals that stall CPU arithmetic.
-        def __init__(self) -> None:
-            cpu = torch.device("cpu")
-            self.pool = [tuple(x[0] for x in job.inputs(1, cpu)) for _ in range(32)]
-
-        def __len__(self) -> int:
-            return 10_000
-
-        def __getitem__(self, i: int) -> tuple[Any, ...]:
-            return self.pool[i % len(self.pool)]
-
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = job.build()
-
-        def training_step(self, batch: tuple[Any, ...], batch_idx: int) -> torch.Tensor:
-            return job.loss(self.net, batch)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return job.optimizer(self.net)
-
     path = out / f"profile-{job.name}.json"
     timer = StepTimer()
     callbacks: list[pl.Callback] = [timer]
@@ -422,23 +458,9 @@ def lightning_run(
         callbacks.append(
             SriftyCallback(warmup_steps=warmup, profile_steps=window, profile_path=path)
         )
-    trainer = pl.Trainer(
-        accelerator="auto",
-        devices=1,
-        precision="16-mixed" if job.precision == "amp" and torch.cuda.is_available() else "32-true",
-        max_steps=warmup + window + clean + 2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        gradient_clip_val=job.clip,
-        callbacks=callbacks,
-    )
-    loader = torch.utils.data.DataLoader(
-        Synthetic(), batch_size=batch, num_workers=2, pin_memory=torch.cuda.is_available()
-    )
+    trainer = job_trainer(job, warmup + window + clean + 2, callbacks)
     try:
-        trainer.fit(Module(), train_dataloaders=loader)
+        trainer.fit(job_module(job), train_dataloaders=job_loader(job, batch))
     except ImportError as exc:
         print(f"{job.name}: skipped ({exc})", flush=True)
         return None, None

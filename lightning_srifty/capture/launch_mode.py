@@ -517,6 +517,9 @@ class LaunchSession:
         """
         assert self.watcher is not None
         checkpoint_id = self.save(trainer, "emergency")
+        # The launcher's evidence first, the words for people after: a node killed in
+        # between (its grace spent) still tells the launcher where it saved.
+        self._report(trainer, "preempted", self.steps, 0.0, checkpoint=checkpoint_id)
         noticed_at = self.watcher.noticed_at
         why = self.watcher.reason or "a preemption notice on another rank"
         after = "" if noticed_at is None else f", {time.monotonic() - noticed_at:.1f} s after it"
@@ -525,7 +528,6 @@ class LaunchSession:
                 f"srifty: {why}; emergency checkpoint {checkpoint_id} at step {self.steps}{after}",
                 file=sys.stderr,
             )
-        self._report(trainer, "preempted", self.steps, 0.0, checkpoint=checkpoint_id)
         self.exit_pending = True
 
     def exit_if_preempted(self) -> None:

@@ -84,7 +84,7 @@ from lightning_srifty.capture.environment import (
     float32_math,
 )
 from lightning_srifty.capture.flops import DeviceTolerantFlopCounter
-from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings
+from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings, time_limit
 from lightning_srifty.capture.script_facts import facts_for
 from lightning_srifty.capture.timing import (
     BucketAccumulator,
@@ -1189,16 +1189,12 @@ def _trainer_limits(
 
 
 def _time_limit(trainer: pl.Trainer) -> dict[str, float]:
-    """``Trainer(max_time=...)`` (Lightning's ``Timer``) in seconds, and the training time
-    it has counted so far: the launcher tells where the limit will end the run."""
-    from lightning.pytorch.callbacks import Timer
-
-    for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        remaining = callback.time_remaining() if isinstance(callback, Timer) else None
-        if remaining is not None:
-            elapsed = float(callback.time_elapsed())
-            return {"max_time_s": round(elapsed + remaining, 3), "time_elapsed_s": elapsed}
-    return {}
+    """``Trainer(max_time=...)`` in seconds, and the training time Lightning's ``Timer``
+    has counted so far: the launcher tells where the limit will end the run."""
+    timed = time_limit(trainer)
+    if timed is None:
+        return {}
+    return {"max_time_s": round(timed[0], 3), "time_elapsed_s": timed[1]}
 
 
 def _accumulation_schedule(trainer: pl.Trainer) -> dict[str, int] | None:

@@ -700,6 +700,19 @@ RELOAD_NOTE = (
 """Said once per attempt under the launcher where the script reloads its loaders."""
 
 
+def time_limit(trainer: pl.Trainer) -> tuple[float, float] | None:
+    """``Trainer(max_time=...)`` (Lightning's ``Timer``) and the training time it has
+    counted so far, in seconds (``None``: no limit is set)."""
+    from lightning.pytorch.callbacks import Timer
+
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        remaining = callback.time_remaining() if isinstance(callback, Timer) else None
+        if remaining is not None:
+            elapsed = float(callback.time_elapsed())
+            return elapsed + remaining, elapsed
+    return None
+
+
 def why_training_ended(trainer: pl.Trainer) -> str:
     """The script's own rule that ended training, in words: a stopping callback's message
     (Lightning's ``EarlyStopping`` keeps one), else the limit reached."""
@@ -709,17 +722,13 @@ def why_training_ended(trainer: pl.Trainer) -> str:
             return f"{type(callback).__name__}: {message.strip()}"
         if int(getattr(callback, "stopped_epoch", 0) or 0) > 0:
             return f"{type(callback).__name__} stopped it at epoch {callback.stopped_epoch}"
-    from lightning.pytorch.callbacks import Timer
-
-    for callback in trainer.callbacks:  # type: ignore[attr-defined]
-        remaining = callback.time_remaining() if isinstance(callback, Timer) else None
-        if remaining is not None and remaining <= 0:
-            limit = dt.timedelta(seconds=round(callback.time_elapsed() - remaining))
-            trained = dt.timedelta(seconds=round(callback.time_elapsed()))
-            return (
-                f"its Trainer(max_time={limit}) was reached after {trained} of training "
-                "(Lightning's Timer counts every resumed run's time)"
-            )
+    timed = time_limit(trainer)
+    if timed is not None and timed[1] >= timed[0]:
+        limit, trained = (dt.timedelta(seconds=round(t)) for t in timed)
+        return (
+            f"its Trainer(max_time={limit}) was reached after {trained} of training "
+            "(Lightning's Timer counts every resumed run's time)"
+        )
     if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch:
         return f"its Trainer(max_epochs={trainer.max_epochs}) was reached"
     if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:

@@ -457,17 +457,11 @@ def _run_launch(
 
     topology = local.topology_for(chosen.cluster) if local is not None else None
     ledger = _step_ledger(run_dir, result, options.resume)
-    target = ledger.target_step(
-        max((ref.step for ref in store.refs()), default=0),
-        result.batch.base_per_step(world_of(chosen)),
-    )
+    reached = max((ref.step for ref in store.refs()), default=0)  # one listing of the store
+    target = ledger.target_step(reached, result.batch.base_per_step(world_of(chosen)))
     target = _bounded_by_script(target, profile, world_of(chosen), ui)
     _note_time_limit(
-        profile,
-        _expectation(chosen, profile, model, local, target),
-        max((ref.step for ref in store.refs()), default=0),
-        target,
-        ui,
+        profile, _expectation(chosen, profile, model, local, target), reached, target, ui
     )
     if topology is not None:
         ui.info(

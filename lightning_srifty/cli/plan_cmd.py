@@ -233,6 +233,8 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
             lines.append(
                 f"    validation {format_seconds(p.validation_s)} a step (in time and cost)"
             )
+        if p.stops_at_step is not None:
+            lines.append(f"    {_stop(p)}")
     best = result.best
     if result.baselines:
         lines.append("baselines (what plan #1 saves against each):")
@@ -246,6 +248,15 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
         )
     lines.extend(textwrap.wrap(_searched(result), width=width))
     return lines
+
+
+def _stop(p: Plan) -> str:
+    """``the script's max_time=0:00:25 ends it at step 412 of 2,000; time and cost to
+    there``: a run the script's own limits end before the target."""
+    return (
+        f"the script's {p.stopped_by} ends it at step {p.stops_at_step:,} of "
+        f"{p.steps_to_target:,}; time and cost to there"
+    )
 
 
 def _validation(p: Plan) -> str:
@@ -303,7 +314,8 @@ def print_table(result: PlanResult, request: PlanRequest, console: Any = None) -
             str(p.cluster.world_size),
             _batch(p),
             f"{format_seconds(p.step_s)} ± {format_seconds(spread)}{_validation(p)}",
-            format_hours(p.time_to_target_h),
+            format_hours(p.time_to_target_h)
+            + (f" ({_stop(p)})" if p.stops_at_step is not None else ""),
             format_money(p.cost_usd),
             format_money(p.hourly_usd),
             f"{p.deadline_probability:.0%}" if request.deadline_h is not None else "—",

@@ -105,6 +105,11 @@ class Plan:
     validation_s: float = 0.0
     """Validation seconds per step (the script's passes between training batches): in
     :attr:`time_to_target_h` and :attr:`cost_usd`, not in :attr:`step_s`."""
+    stops_at_step: int | None = None
+    """Where the script's own limits end this run before the target (``None``: it reaches
+    the target); :attr:`time_to_target_h` and :attr:`cost_usd` are then to this step."""
+    stopped_by: str = ""
+    """The script's setting that ends the run there (``max_time=0:00:25``)."""
 
     @property
     def step_sigma(self) -> float:

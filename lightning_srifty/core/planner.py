@@ -55,6 +55,7 @@ from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.lognormal import mean_factor, step_sigma
 from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
 from lightning_srifty.core.profile import Profile
+from lightning_srifty.core.script_trainer import ScriptStop
 from lightning_srifty.core.stateff import steps_to_target as stateff_steps
 
 OBJECTIVES = ("cost", "time", "knee")
@@ -108,6 +109,10 @@ class PlanRequest:
     with at least N GPUs, using N of them."""
     num_nodes: int | None = None
     """Nodes the script fixes itself (``Trainer(num_nodes=N)``): exactly N."""
+    script_stop: ScriptStop | None = None
+    """The script's own ``max_steps``/``max_epochs``/``max_time``, counted from step 0:
+    each plan is priced to where they end its run (set by ``ScriptTrainer.constrain``;
+    re-plans of the remaining work leave it out)."""
 
     def __post_init__(self) -> None:
         if (self.target_steps is None) == (self.epochs is None):
@@ -845,9 +850,53 @@ class _Table:
     probability: np.ndarray
     interval_h: np.ndarray
     rate: np.ndarray
+    trained: np.ndarray
+    """Steps the run trains: ``steps``, or fewer where the script's own limits stop it."""
+    stopped_by: np.ndarray
+    """0: the run reaches the target; 1: the script's step limit; 2: its ``max_time``."""
+
+    @property
+    def progress(self) -> np.ndarray:
+        """The share of the target each run trains (1 where it reaches it)."""
+        return np.where(self.steps > 0, self.trained / np.maximum(self.steps, 1), 1.0)
 
     def take(self, mask: np.ndarray) -> _Table:
         return _Table(**{k: getattr(self, k)[mask] for k in self.__dataclass_fields__})
+
+
+STOPPED_BY_STEPS = 1
+STOPPED_BY_TIME = 2
+
+
+def _script_stops(
+    stop: ScriptStop | None,
+    steps: np.ndarray,
+    world: np.ndarray,
+    paced: np.ndarray,
+    sigma: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps each run trains before the script's own limits end it, and which limit.
+
+    ``max_steps``/``max_epochs`` give a step on each world size (an epoch has fewer
+    batches on more processes); ``max_time`` ends the run when Lightning's ``Timer`` has
+    counted it, at the run's mean step, validation included (what the time is priced at).
+    """
+    trained = np.asarray(steps, dtype=np.float64).copy()
+    stopped_by = np.zeros(trained.shape, dtype=np.int8)
+    if stop is None:
+        return trained, stopped_by
+    for w in np.unique(world):
+        limit, _ = stop.steps_on(int(w))
+        if limit is not None:
+            cut = (world == w) & (trained > limit)
+            trained[cut], stopped_by[cut] = float(limit), STOPPED_BY_STEPS
+    if stop.max_time_s is not None:
+        mean_step = paced * mean_factor(sigma)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            timed = np.floor(stop.max_time_s / mean_step)
+        cut = np.isfinite(timed) & (timed < trained)
+        trained[cut], stopped_by[cut] = np.maximum(timed[cut], 0.0), STOPPED_BY_TIME
+    return trained, stopped_by
 
 
 def _mix_pairs(units: _Units) -> np.ndarray:
@@ -971,7 +1020,9 @@ def evaluate(
     hourly = units.price[unit_a] * nodes_a + np.where(has_b, units.price[safe_b] * nodes_b, 0.0)
     rate = units.rate[unit_a] * nodes_a + np.where(has_b, units.rate[safe_b] * nodes_b, 0.0)
     spot = units.spot[unit_a]
-    work_h = np.where(ok, steps * paced / 3600.0, np.inf)
+    trained, stopped_by = _script_stops(request.script_stop, steps, world, paced, sigma)
+    ok &= trained > 0  # a run the script ends before its first step buys nothing
+    work_h = np.where(ok, trained * paced / 3600.0, np.inf)
     ckpt_s = request.checkpoint_cost_s or default_checkpoint_s(profile)
     outcome = spot_expectations(
         work_h,
@@ -1002,6 +1053,8 @@ def evaluate(
         probability=outcome.deadline_probability,
         interval_h=outcome.interval_h,
         rate=rate,
+        trained=trained,
+        stopped_by=stopped_by,
     )
     space = SearchSpace(
         units=u_count,
@@ -1125,7 +1178,35 @@ def _front_of(table: _Table, mask: np.ndarray) -> np.ndarray:
     return front[np.argsort(table.time_h[front], kind="stable")]
 
 
-def _plan(table: _Table, units: _Units, i: int, label: str = "") -> Plan:
+def _stop_setting(stop: ScriptStop | None, code: int, world: int) -> str:
+    """The script's setting that ends a run stopped with ``code`` (``_script_stops``)."""
+    if stop is None or code == 0:
+        return ""
+    return stop.time_setting if code == STOPPED_BY_TIME else stop.steps_on(world)[1]
+
+
+def _per_target(table: _Table) -> _Table:
+    """``table`` with each run's time and cost per whole target (what a run the script
+    stops early would need for all of it): plans are ranked on the work they buy."""
+    share = table.progress
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return dataclasses.replace(
+            table,
+            time_h=np.where(share > 0, table.time_h / share, np.inf),
+            cost=np.where(share > 0, table.cost / share, np.inf),
+        )
+
+
+def _reaching(table: _Table, mask: np.ndarray) -> np.ndarray:
+    """The rows of ``mask`` whose run reaches the target, if any does: a plan the script
+    stops early is chosen only when none reaches it."""
+    reaching = mask & (table.stopped_by == 0)
+    return reaching if reaching.any() else mask
+
+
+def _plan(
+    table: _Table, units: _Units, i: int, label: str = "", stop: ScriptStop | None = None
+) -> Plan:
     offer_a = units.offers[int(table.unit_a[i])]
     groups = [ClusterGroup(offer_a, int(table.nodes_a[i]), units.gpus_used(offer_a))]
     if table.unit_b[i] >= 0:
@@ -1151,15 +1232,19 @@ def _plan(table: _Table, units: _Units, i: int, label: str = "") -> Plan:
         checkpoint_interval_s=interval * 3600.0 if spot and math.isfinite(interval) else None,
         preemptions_per_hour=float(table.rate[i]),
         label=label,
+        stops_at_step=int(table.trained[i]) if table.stopped_by[i] else None,
+        stopped_by=_stop_setting(stop, int(table.stopped_by[i]), cluster.world_size),
     )
 
 
-def _top(table: _Table, units: _Units, order: np.ndarray, k: int) -> list[Plan]:
+def _top(
+    table: _Table, units: _Units, order: np.ndarray, k: int, stop: ScriptStop | None = None
+) -> list[Plan]:
     """First ``k`` plans of ``order`` with distinct (cluster, market), best kept."""
     seen: set[tuple[str, bool]] = set()
     plans = []
     for i in order:
-        plan = _plan(table, units, int(i))
+        plan = _plan(table, units, int(i), stop=stop)
         key = (plan.cluster.describe(), plan.use_spot)
         if key in seen:
             continue
@@ -1171,22 +1256,26 @@ def _top(table: _Table, units: _Units, order: np.ndarray, k: int) -> list[Plan]:
 
 
 def _baselines(table: _Table, units: _Units, request: PlanRequest, objective: str) -> list[Plan]:
+    stop = request.script_stop
     single_od = table.ok & ~table.spot & (table.unit_b < 0) & (table.nodes_a == 1)
     out = []
     if single_od.any():
         idx = np.flatnonzero(single_od)
         cheapest = idx[np.lexsort((table.step[idx], table.hourly[idx]))[0]]
-        out.append(_plan(table, units, int(cheapest), "cheapest $/h that fits (SkyPilot default)"))
+        out.append(
+            _plan(table, units, int(cheapest), "cheapest $/h that fits (SkyPilot default)", stop)
+        )
         mean_step = table.step[idx] * mean_factor(
             step_sigma(table.step[idx], table.low[idx], table.high[idx])
         )
         fastest = idx[np.lexsort((table.hourly[idx], mean_step))[0]]
-        out.append(_plan(table, units, int(fastest), "fastest single node"))
-    on_demand = _meets(table, request) & ~table.spot
+        out.append(_plan(table, units, int(fastest), "fastest single node", stop))
+    on_demand = _reaching(table, _meets(table, request) & ~table.spot)
     if on_demand.any():
-        front = _front_of(table, on_demand) if objective == "knee" else on_demand[:0]
-        best = _ranking(table, on_demand, objective, front, 1)[0]
-        out.append(_plan(table, units, int(best), "best on-demand only"))
+        ranked = _per_target(table)
+        front = _front_of(ranked, on_demand) if objective == "knee" else on_demand[:0]
+        best = _ranking(ranked, on_demand, objective, front, 1)[0]
+        out.append(_plan(table, units, int(best), "best on-demand only", stop))
     return out
 
 
@@ -1202,6 +1291,21 @@ def _batch_note(sem: BatchSemantics, steps0: int) -> str:
     if sem.noise_scale is not None:
         text += f", rescaled by statistical efficiency (noise scale {sem.noise_scale:.3g})"
     return text
+
+
+def _stop_notes(table: _Table, chosen_from: np.ndarray, stop: ScriptStop | None) -> list[str]:
+    """What the script's own limits do to the plans, in one phrase (none if nothing)."""
+    if stop is None or not table.stopped_by[table.ok].any():
+        return []
+    if (table.stopped_by[chosen_from] == 0).any():
+        return [
+            "the script's own Trainer limits end some runs before the target: those are "
+            "priced to where they stop, and ranked below every plan that reaches it"
+        ]
+    return [
+        "the script's own Trainer limits end every run before the target: each plan is "
+        "priced to where it stops, and ranked by its time and cost per whole target"
+    ]
 
 
 def plan(
@@ -1221,16 +1325,18 @@ def plan(
     meets = _meets(table, request)
     if not meets.any():
         raise InfeasibleError(_infeasible_message(table, request))
-    on_front = _front_of(table, meets)
+    meets = _reaching(table, meets)
+    ranked = _per_target(table)
+    on_front = _front_of(ranked, meets)
     available = int(meets.sum())
     pool = 64 * request.top_k
     while True:
-        order = _ranking(table, meets, request.objective, on_front, pool)
-        plans = _top(table, units, order, request.top_k)
+        order = _ranking(ranked, meets, request.objective, on_front, pool)
+        plans = _top(table, units, order, request.top_k, request.script_stop)
         if len(plans) == request.top_k or order.size >= available or pool >= available:
             break
         pool = available
-    notes = [_batch_note(sem, steps0)]
+    notes = [_batch_note(sem, steps0), *_stop_notes(table, meets, request.script_stop)]
     return PlanResult(
         plans=tuple(plans),
         baselines=tuple(_baselines(table, units, request, request.objective)),
@@ -1346,9 +1452,11 @@ def plan_pinned(
         pool_mask = runnable
         why = _infeasible_message(table.take(runnable), request).split(": ", 1)[-1]
         notes.append(f"the pinned cluster misses the constraints: {why}")
-    front = _front_of(table, pool_mask)
-    order = _ranking(table, pool_mask, request.objective, front, int(pool_mask.sum()))
-    plans = _top(table, units, order, request.top_k)
+    ranked = _per_target(table)
+    front = _front_of(ranked, pool_mask)
+    order = _ranking(ranked, pool_mask, request.objective, front, int(pool_mask.sum()))
+    plans = _top(table, units, order, request.top_k, request.script_stop)
+    notes.extend(_stop_notes(table, pool_mask, request.script_stop))
     return PlanResult(
         plans=tuple(plans),
         baselines=(),
@@ -1409,6 +1517,8 @@ def plan_to_dict(plan_: Plan) -> dict[str, Any]:
         "deadline_probability": plan_.deadline_probability,
         "checkpoint_interval_s": plan_.checkpoint_interval_s,
         "preemptions_per_hour": plan_.preemptions_per_hour,
+        "stops_at_step": plan_.stops_at_step,
+        "stopped_by": plan_.stopped_by,
     }
 
 

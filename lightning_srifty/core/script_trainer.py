@@ -9,7 +9,9 @@ them: ``devices=2`` means two processes on each node, ``num_nodes=2`` exactly tw
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import datetime as dt
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_srifty.core.errors import ConfigError
@@ -68,12 +70,15 @@ class ScriptTrainer:
     """Built by ``LightningCLI``: the plan's shape goes in as ``--trainer.*`` arguments."""
     recorded: bool = False
     """The profiling run recorded the script's arguments (old profiles did not)."""
+    stop: ScriptStop | None = field(default=None, compare=False)
+    """Where the script's own limits end training (``None``: the profile recorded none)."""
 
     @staticmethod
     def of(profile: Profile) -> ScriptTrainer:
         raw = profile.extra.get("script")
+        stop = ScriptStop.of(profile)
         if not isinstance(raw, dict):
-            return ScriptTrainer()
+            return ScriptTrainer(stop=stop)
         explicit = raw.get("explicit")
         explicit = explicit if isinstance(explicit, dict) else {}
         nodes = explicit.get("num_nodes")
@@ -85,6 +90,7 @@ class ScriptTrainer:
             precision=_text(explicit.get("precision")),
             lightning_cli=raw.get("entry_point") == "lightning_cli",
             recorded=True,
+            stop=stop,
         )
 
     @property
@@ -97,7 +103,8 @@ class ScriptTrainer:
 
     def constrain(self, request: Any) -> Any:
         """``request`` (a :class:`~lightning_srifty.core.planner.PlanRequest`) limited to
-        the script's devices per node and node count.
+        the script's devices per node and node count, and priced to where the script's own
+        ``max_steps``/``max_epochs``/``max_time`` end training.
 
         Raises:
             ConfigError: the script's values contradict the request's own limits.
@@ -117,6 +124,8 @@ class ScriptTrainer:
                     f"{request.max_nodes}"
                 )
             changes["num_nodes"] = self.num_nodes
+        if self.stop is not None:
+            changes["script_stop"] = self.stop
         return dataclasses.replace(request, **changes) if changes else request
 
     def notes(self) -> list[str]:
@@ -144,3 +153,148 @@ class ScriptTrainer:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class ScriptStop:
+    """The script's own ``Trainer(max_steps=, max_epochs=, max_time=)``, as the profiling
+    run recorded them (``profile.extra["trainer"]``).
+
+    srifty-launch never lifts them, so a plan is priced to where they end training: a plan
+    whose run stops before the target costs what that run bills, not the target.
+    """
+
+    max_steps: int | None = None
+    """Optimizer steps (Lightning's ``max_steps``; ``None``: unlimited)."""
+    max_epochs: int | None = None
+    batches_per_epoch: int | None = None
+    """Batches of the training loop in an epoch, on :attr:`profiled_world` processes."""
+    profiled_world: int = 1
+    automatic_optimization: bool | None = None
+    accumulate_grad_batches: int = 1
+    accumulation_schedule: tuple[tuple[int, int], ...] = ()
+    """``GradientAccumulationScheduler``'s (epoch, factor) pairs, when it is used."""
+    optimizer_steps_per_batch: float | None = None
+    """Measured by the profile (a manual step may step several optimizers, or none:
+    ``max_steps`` then never ends training); ``None``: not recorded, taken as ``1/k``."""
+    max_time_s: float | None = None
+    """``Trainer(max_time=...)``: seconds of training Lightning's ``Timer`` allows."""
+
+    @staticmethod
+    def of(profile: Profile) -> ScriptStop | None:
+        """The limits ``profile`` recorded, or ``None`` where it recorded none."""
+        limits = profile.extra.get("trainer")
+        if not isinstance(limits, dict):
+            return None
+        k = max(profile.environment.accumulate_grad_batches, 1)
+        per_epoch = _count(limits.get("batches_per_epoch"))
+        if per_epoch is None and _count(limits.get("steps_per_epoch")) is not None:
+            per_epoch = int(limits["steps_per_epoch"]) * k
+        ratio = limits.get("optimizer_steps_per_batch")
+        limit_s = limits.get("max_time_s")
+        auto = limits.get("automatic_optimization")
+        return ScriptStop(
+            max_steps=_count(limits.get("max_steps")),
+            max_epochs=_count(limits.get("max_epochs")),
+            batches_per_epoch=per_epoch,
+            profiled_world=_count(limits.get("world_size")) or profile.environment.world_size,
+            automatic_optimization=auto if isinstance(auto, bool) else None,
+            accumulate_grad_batches=k,
+            accumulation_schedule=_schedule_pairs(limits.get("accumulation_schedule")),
+            optimizer_steps_per_batch=(
+                float(ratio)
+                if isinstance(ratio, int | float) and not isinstance(ratio, bool)
+                else None
+            ),
+            max_time_s=(
+                float(limit_s)
+                if isinstance(limit_s, int | float)
+                and not isinstance(limit_s, bool)
+                and limit_s > 0
+                and math.isfinite(limit_s)
+                else None
+            ),
+        )
+
+    def steps_on(self, world: int) -> tuple[int | None, str]:
+        """Where ``max_steps``/``max_epochs`` stop training on ``world`` processes, in
+        steps (batches of the training loop; ``None``: no limit known), and which setting.
+
+        Lightning's ``max_steps`` counts optimizer steps: ``accumulate_grad_batches``
+        batches make one (and an epoch's last batch; :func:`batches_for_updates`), a
+        manual ``training_step`` stepping two optimizers makes two per batch (the profile
+        measured that ratio). Each process keeps its batch, so an epoch takes fewer steps
+        on more processes: batches per epoch scale by profiled world size over ``world``.
+        """
+        k = self.accumulate_grad_batches
+        found: list[tuple[int, str]] = []
+        on_world = None
+        if self.batches_per_epoch is not None:
+            on_world = math.ceil(self.batches_per_epoch * self.profiled_world / max(world, 1))
+        ratio = self.optimizer_steps_per_batch
+        if ratio is None:
+            ratio = 1.0 / k  # profiles from before the ratio was measured
+        if self.max_steps is not None:
+            setting = f"max_steps={self.max_steps}"
+            if self.automatic_optimization is True and on_world is not None:
+                schedule = dict(self.accumulation_schedule) or {0: k}
+                if self.accumulation_schedule:
+                    schedule = {0: 1, **schedule}  # the scheduler's default before its first
+                found.append((batches_for_updates(self.max_steps, schedule, on_world), setting))
+            elif ratio > 0:
+                found.append((math.ceil(self.max_steps / ratio - 1e-9), setting))
+        if self.max_epochs is not None and on_world is not None:
+            found.append((self.max_epochs * on_world, f"max_epochs={self.max_epochs}"))
+        if not found:
+            return None, ""
+        return min(found)
+
+    @property
+    def time_setting(self) -> str:
+        """``max_time=0:00:25``, as the user would read it (empty without a limit)."""
+        if self.max_time_s is None:
+            return ""
+        return f"max_time={dt.timedelta(seconds=round(self.max_time_s))}"
+
+
+def batches_for_updates(updates: int, schedule: dict[int, int] | int, epoch_batches: int) -> int:
+    """Batches of the training loop Lightning runs for ``updates`` optimizer steps under
+    automatic optimisation: one step every ``k`` batches of an epoch and one at its last
+    batch, so an epoch of ``epoch_batches`` makes ``ceil(epoch_batches / k)`` steps (a
+    measured steps-per-batch ratio is off by the epoch's remainder). ``schedule`` maps the
+    epoch a factor starts at to ``k`` (``GradientAccumulationScheduler``), or is one ``k``.
+    """
+    factors = {0: schedule} if isinstance(schedule, int) else dict(schedule)
+    starts = sorted(factors)
+
+    def factor(epoch: int) -> int:
+        return max(factors[max(e for e in starts if e <= epoch)] if epoch >= starts[0] else 1, 1)
+
+    batches, left, epoch = 0, updates, 0
+    while left > 0:
+        k = factor(epoch)
+        per_epoch = -(-epoch_batches // k)
+        if epoch >= starts[-1]:  # the last factor holds from here on
+            epochs, rest = divmod(left, per_epoch)
+            return batches + epochs * epoch_batches + rest * k
+        if left < per_epoch:
+            return batches + left * k
+        batches, left, epoch = batches + epoch_batches, left - per_epoch, epoch + 1
+    return batches
+
+
+def _count(value: Any) -> int | None:
+    """A positive whole number, else ``None`` (Lightning's -1 and ``None`` mean no limit)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _schedule_pairs(recorded: Any) -> tuple[tuple[int, int], ...]:
+    """``{"0": 1, "4": 2}`` (the recorded ``GradientAccumulationScheduler``) as sorted pairs."""
+    if not isinstance(recorded, dict) or not recorded:
+        return ()
+    try:
+        return tuple(sorted((int(epoch), max(int(k), 1)) for epoch, k in recorded.items()))
+    except (TypeError, ValueError):
+        return ()

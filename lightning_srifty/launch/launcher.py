@@ -43,7 +43,7 @@ from lightning_srifty.core.probing import (
     probe_seconds,
 )
 from lightning_srifty.core.profile import Profile
-from lightning_srifty.core.script_trainer import ScriptTrainer
+from lightning_srifty.core.script_trainer import ScriptStop, ScriptTrainer
 from lightning_srifty.core.spot import POLICY_NAMES, make_policy, young_daly_interval
 from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.core.units import format_hours, format_money, format_seconds
@@ -592,84 +592,10 @@ def _check_pinned_types(options: LaunchOptions) -> None:
 
 def user_limit_steps(profile: Profile, world: int) -> tuple[int | None, str]:
     """Where the script's own ``max_steps``/``max_epochs`` stop training on ``world``
-    processes, in steps (batches of the training loop; ``None``: no limit known), and
-    which setting that is.
-
-    Lightning's ``max_steps`` counts optimizer steps: ``accumulate_grad_batches`` batches
-    make one (and an epoch's last batch; :func:`batches_for_updates`), a manual
-    ``training_step`` stepping two optimizers makes two per batch (the profile measured
-    that ratio). Each process keeps its batch, so an epoch takes fewer
-    steps on more processes: batches per epoch scale by profiled world size over ``world``.
-    """
-    limits = profile.extra.get("trainer")
-    if not isinstance(limits, dict):
-        return None, ""
-    k = profile.environment.accumulate_grad_batches
-    found: list[tuple[int, str]] = []
-    per_epoch = limits.get("batches_per_epoch")
-    if not isinstance(per_epoch, int) and isinstance(limits.get("steps_per_epoch"), int):
-        per_epoch = limits["steps_per_epoch"] * k
-    profiled_on = limits.get("world_size") or profile.environment.world_size
-    on_world = None
-    if isinstance(per_epoch, int) and per_epoch > 0:
-        on_world = math.ceil(per_epoch * int(profiled_on) / max(world, 1))
-    max_steps = limits.get("max_steps")
-    ratio = limits.get("optimizer_steps_per_batch")
-    if not isinstance(ratio, int | float):
-        ratio = 1.0 / k  # profiles from before the ratio was measured
-    if isinstance(max_steps, int) and max_steps > 0:
-        if limits.get("automatic_optimization") is True and on_world is not None:
-            schedule = _accumulation_schedule(limits.get("accumulation_schedule"), k)
-            found.append(
-                (batches_for_updates(max_steps, schedule, on_world), f"max_steps={max_steps}")
-            )
-        elif ratio > 0:
-            found.append((math.ceil(max_steps / ratio - 1e-9), f"max_steps={max_steps}"))
-    max_epochs = limits.get("max_epochs")
-    if isinstance(max_epochs, int) and max_epochs > 0 and on_world is not None:
-        found.append((max_epochs * on_world, f"max_epochs={max_epochs}"))
-    if not found:
-        return None, ""
-    return min(found)
-
-
-def _accumulation_schedule(recorded: object, micro_batches: int) -> dict[int, int]:
-    """Each epoch from which a factor holds: ``GradientAccumulationScheduler``'s as the
-    profile recorded it, else the Trainer's one factor from epoch 0."""
-    if isinstance(recorded, dict) and recorded:
-        try:
-            schedule = {int(epoch): max(int(k), 1) for epoch, k in recorded.items()}
-        except (TypeError, ValueError):
-            schedule = {}
-        if schedule:
-            return {0: 1, **schedule}  # the scheduler's own default before its first epoch
-    return {0: max(micro_batches, 1)}
-
-
-def batches_for_updates(updates: int, schedule: dict[int, int] | int, epoch_batches: int) -> int:
-    """Batches of the training loop Lightning runs for ``updates`` optimizer steps under
-    automatic optimisation: one step every ``k`` batches of an epoch and one at its last
-    batch, so an epoch of ``epoch_batches`` makes ``ceil(epoch_batches / k)`` steps (a
-    measured steps-per-batch ratio is off by the epoch's remainder). ``schedule`` maps the
-    epoch a factor starts at to ``k`` (``GradientAccumulationScheduler``), or is one ``k``.
-    """
-    factors = {0: schedule} if isinstance(schedule, int) else dict(schedule)
-    starts = sorted(factors)
-
-    def factor(epoch: int) -> int:
-        return max(factors[max(e for e in starts if e <= epoch)] if epoch >= starts[0] else 1, 1)
-
-    batches, left, epoch = 0, updates, 0
-    while left > 0:
-        k = factor(epoch)
-        per_epoch = -(-epoch_batches // k)
-        if epoch >= starts[-1]:  # the last factor holds from here on
-            epochs, rest = divmod(left, per_epoch)
-            return batches + epochs * epoch_batches + rest * k
-        if left < per_epoch:
-            return batches + left * k
-        batches, left, epoch = batches + epoch_batches, left - per_epoch, epoch + 1
-    return batches
+    processes, in steps (``None``: no limit known), and which setting that is
+    (:meth:`ScriptStop.steps_on`)."""
+    stop = ScriptStop.of(profile)
+    return stop.steps_on(world) if stop is not None else (None, "")
 
 
 def _bounded_by_script(target: int, profile: Profile, world: int, ui: LauncherUI) -> int:
@@ -679,8 +605,9 @@ def _bounded_by_script(target: int, profile: Profile, world: int, ui: LauncherUI
     if limit is not None and limit < target:
         ui.info(
             f"note: the script's own Trainer({setting}) ends training at step {limit:,} on "
-            f"{world} process(es), before the target of {target:,} steps; srifty-launch never "
-            "lifts a script's limits (raise it in the script to train longer)"
+            f"{world} process(es), before the target of {target:,} steps; the plan is priced "
+            "to there, and srifty-launch never lifts a script's limits (raise it in the "
+            "script to train longer)"
         )
         return limit
     return target
@@ -709,7 +636,7 @@ def _note_time_limit(
     profile: Profile, expected: Expectation, start_step: int, target: int, ui: LauncherUI
 ) -> None:
     """Says where ``Trainer(max_time=...)`` will end the run, if before the target: the
-    plan's time and cost are the target's, and the limit is never lifted."""
+    plan is priced to there (:class:`ScriptStop`), and the limit is never lifted."""
     per_step_s = expected.step_s + expected.validation_s
     found = time_limit_step(profile, per_step_s, start_step)
     if found is None or found[0] >= target:
@@ -719,8 +646,8 @@ def _note_time_limit(
         f"note: the script's own Trainer(max_time={dt.timedelta(seconds=round(limit_s))}) "
         f"ends training at about step {step:,} on this plan (its predicted "
         f"{per_step_s * 1e3:.1f} ms a step, validation included), before the target of "
-        f"{target:,} steps; the plan's time and cost are the target's, and srifty-launch "
-        "never lifts a script's limits"
+        f"{target:,} steps; the plan is priced to there, and srifty-launch never lifts a "
+        "script's limits"
     )
 
 
@@ -1277,7 +1204,12 @@ def _refiner(
     def replan(refitted: PerformanceModel, remaining: int, elapsed_h: float) -> list[Plan]:
         left = None if request.deadline_h is None else max(request.deadline_h - elapsed_h, 1e-3)
         rest = dataclasses.replace(
-            request, target_steps=max(remaining, 1), epochs=None, deadline_h=left, top_k=10
+            request,
+            target_steps=max(remaining, 1),
+            epochs=None,
+            deadline_h=left,
+            top_k=10,
+            script_stop=None,  # counted from step 0; the controller bounds each attempt
         )
         try:
             if options.pinned:
@@ -1334,6 +1266,7 @@ def _candidate_source(
             budget_usd=None,
             objective="cost",
             top_k=SPOT_CANDIDATES,
+            script_stop=None,  # counted from step 0; the controller bounds each attempt
         )
         spot: tuple[Plan, ...] = ()
         if request.allow_spot:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.catalog import GpuSpec, Offer, band_hourly_rate
-from lightning_srifty.core.cluster import Cluster, ClusterGroup
+from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
 from lightning_srifty.core.errors import ConfigError, InfeasibleError, PredictionError
 from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
 from lightning_srifty.core.planner import (
@@ -42,6 +42,7 @@ from lightning_srifty.core.profile import (
     StatEfficiency,
     StepTimes,
 )
+from lightning_srifty.core.script_trainer import ScriptTrainer
 from lightning_srifty.core.spot import young_daly_interval
 from lightning_srifty.core.stateff import steps_to_target
 
@@ -391,6 +392,73 @@ def test_json_document_is_versioned_and_lists_baselines_and_front() -> None:
     times = [t for t, _ in front]
     costs = [c for _, c in front]
     assert times == sorted(times) and costs == sorted(costs, reverse=True)
+
+
+def _with_limits(profile: Profile, **limits: object) -> Profile:
+    """``profile`` with the Trainer limits ``SriftyCallback`` records in ``extra["trainer"]``."""
+    return replace(profile, extra={**profile.extra, "trainer": dict(limits)})
+
+
+def _by_shape(result_plans: tuple[Plan, ...] | list[Plan]) -> dict[tuple[str, bool], Plan]:
+    return {(p.cluster.describe(), p.use_spot): p for p in result_plans}
+
+
+def test_a_scripts_max_steps_prices_each_run_to_its_stop_and_prefers_runs_that_reach() -> None:
+    """max_steps=500 with a 2,000-step target: one GPU stops at 500, four or more reach the
+    target (500 steps of 4x the samples). Time and cost are linear in the work, so the
+    one-GPU run costs a quarter of its unlimited price; plans that reach rank first."""
+    free_profile = make_profile()
+    limited = _with_limits(
+        free_profile, max_steps=500, automatic_optimization=True,
+        batches_per_epoch=1_000_000, world_size=1,
+    )  # fmt: skip
+    request = ScriptTrainer.of(limited).constrain(PlanRequest(target_steps=2_000, top_k=50))
+    assert request.script_stop is not None
+    result = plan(limited, small_catalog(), MODEL, request)
+    free = plan(free_profile, small_catalog(), MODEL, PlanRequest(target_steps=2_000, top_k=50))
+    assert free.best.cluster.world_size < 4  # without the stop a small cluster wins
+    assert result.plans and all(p.cluster.world_size >= 4 for p in result.plans)
+    assert all(p.stops_at_step is None for p in result.plans)
+    assert any("end some runs before the target" in note for note in result.notes)
+    stopped = {b.label: b for b in result.baselines}["cheapest $/h that fits (SkyPilot default)"]
+    unlimited = {b.label: b for b in free.baselines}["cheapest $/h that fits (SkyPilot default)"]
+    assert stopped.cluster.world_size == 1 and stopped.stops_at_step == 500
+    assert stopped.stopped_by == "max_steps=500" and stopped.steps_to_target == 2_000
+    assert stopped.cost_usd == pytest.approx(unlimited.cost_usd * 500 / 2_000)
+    assert stopped.time_to_target_h == pytest.approx(unlimited.time_to_target_h * 500 / 2_000)
+    doc = result_to_dict(result, request)
+    assert {d["stops_at_step"] for d in doc["plans"]} == {None}
+
+
+def test_a_scripts_max_time_ends_every_run_at_it_and_ranks_by_the_work_each_buys() -> None:
+    """max_time of 10 min against a target no plan reaches in it: every on-demand run
+    trains for 10 minutes (at its mean step) and bills that; the plans are ranked by
+    cost per whole target, so the pick is the unlimited run's pick."""
+    free_profile = make_profile()
+    limited = _with_limits(free_profile, max_time_s=600.0, world_size=1)
+    request = ScriptTrainer.of(limited).constrain(
+        PlanRequest(target_steps=10_000_000, top_k=50, allow_spot=False)
+    )
+    result = plan(limited, small_catalog(), MODEL, request)
+    free = plan(free_profile, small_catalog(), MODEL, replace(request, script_stop=None))
+    assert _by_shape([result.best]).keys() == _by_shape([free.best]).keys()
+    unlimited = _by_shape(free.plans)
+    for p in result.plans:
+        assert p.stopped_by == "max_time=0:10:00" and p.stops_at_step is not None
+        whole = unlimited[(p.cluster.describe(), p.use_spot)]
+        mean_batch_s = whole.time_to_target_h * 3600 / whole.steps_to_target
+        assert p.stops_at_step == math.floor(600.0 / mean_batch_s)
+        assert 0.0 <= 600.0 - p.time_to_target_h * 3600 < mean_batch_s + 1e-6
+        assert p.cost_usd == pytest.approx(p.hourly_usd * p.time_to_target_h)
+    assert any("end every run before the target" in note for note in result.notes)
+
+
+def test_a_profile_without_recorded_limits_stops_no_run() -> None:
+    """A script without recorded limits plans as before: nothing is stopped."""
+    request = ScriptTrainer.of(make_profile()).constrain(PlanRequest(target_steps=2_000))
+    assert request.script_stop is None
+    result = plan(make_profile(), small_catalog(), MODEL, request)
+    assert all(p.stops_at_step is None and p.stopped_by == "" for p in result.plans)
 
 
 # ----------------------------------------------------------------------- spot risk

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_srifty.core.errors import ConfigError
 from lightning_srifty.core.planner import PlanRequest
-from lightning_srifty.core.script_trainer import ScriptTrainer, device_count
+from lightning_srifty.core.script_trainer import ScriptStop, ScriptTrainer, device_count
 from tests.core.test_planner import make_profile
 
 
@@ -54,3 +54,41 @@ def test_cpu_and_lightning_cli_are_recognised() -> None:
     assert _fixed({"accelerator": "cpu"}).trains_on_cpu
     assert not _fixed({"accelerator": "gpu"}).trains_on_cpu
     assert _fixed({}, entry="lightning_cli").lightning_cli
+
+
+def _stop_of(**limits: object) -> ScriptStop | None:
+    profile = make_profile()
+    return ScriptStop.of(dataclasses.replace(profile, extra={"trainer": dict(limits)}))
+
+
+def test_lightnings_no_limit_spellings_stop_nothing() -> None:
+    """Lightning writes max_steps=-1 and max_epochs=None (or -1) for "no limit"."""
+    stop = _stop_of(max_steps=-1, max_epochs=None, max_time_s=None, batches_per_epoch=100)
+    assert stop is not None and stop.steps_on(1) == (None, "") and stop.time_setting == ""
+    assert _stop_of(max_steps=True, max_time_s=float("inf")) == ScriptStop(profiled_world=1)
+    assert ScriptStop.of(make_profile()) is None  # an old profile recorded no limits
+
+
+def test_max_epochs_count_fewer_steps_on_more_processes_and_max_steps_counts_updates() -> None:
+    """An epoch of 100 batches on 2 processes is 50 batches on 4; under
+    accumulate_grad_batches=4 an epoch of 13 batches makes ceil(13/4) = 4 updates, the
+    last one short (Lightning steps at an epoch's last batch)."""
+    stop = _stop_of(max_epochs=3, batches_per_epoch=100, world_size=2)
+    assert stop is not None and stop.steps_on(4) == (150, "max_epochs=3")
+    profile = make_profile()
+    env = dataclasses.replace(profile.environment, accumulate_grad_batches=4)
+    limits = {"max_steps": 8, "automatic_optimization": True, "batches_per_epoch": 13}
+    accumulated = dataclasses.replace(profile, environment=env, extra={"trainer": limits})
+    stop = ScriptStop.of(accumulated)
+    # Each epoch of 13 batches makes 4 updates (batches 4, 8, 12 and the last): 8 updates
+    # are two whole epochs, 26 batches.
+    assert stop is not None and stop.steps_on(1) == (26, "max_steps=8")
+
+
+def test_the_constrained_request_carries_the_scripts_stop() -> None:
+    profile = make_profile()
+    timed = dataclasses.replace(profile, extra={"trainer": {"max_time_s": 25.0}})
+    request = ScriptTrainer.of(timed).constrain(PlanRequest(target_steps=10))
+    assert (
+        request.script_stop is not None and request.script_stop.time_setting == "max_time=0:00:25"
+    )

@@ -168,29 +168,35 @@ def test_a_scripts_max_time_is_told_at_planning_and_ends_the_run_as_it_said(
 ) -> None:
     """``Trainer(max_time=8 s)``: Lightning's ``Timer`` ends training after about 8 s of
     it, counted across the profiling run (about 2.3 s here) and the resumed one, long
-    before the 1,000-step target (20 ms a batch). Before, the plan said nothing and the
-    summary read "steps done: N / 1000" with no reason."""
+    before the 100,000-step target (20 ms a batch). Before, the plan said nothing and was
+    priced to 100,000 steps, and the summary read "steps done: N / 100000" with no reason.
+
+    The plan's rows price the pinned g4dn.xlarge (a T4, about 1 ms a batch), which 8 s
+    also stops; the note and the run are this machine's (the local backend)."""
     monkeypatch.setenv("TRAIN_SLEEP_S", "0.02")
     code, out, err = launch(
-        [str(SCRIPTS / "validated.py"), "--target-steps", "1000", "--cluster", "g4dn.xlarge:1",
-         "--max-time", "8", "--profile-steps", "30", *BASE],
+        [str(SCRIPTS / "validated.py"), "--target-steps", "100000", "--cluster", "g4dn.xlarge:1",
+         "--max-time", "8", "--max-epochs", "10000", "--profile-steps", "30", *BASE],
         capfd,
     )  # fmt: skip
     assert code == 0, err[-3000:]
     said = out + err
     note = re.search(r"Trainer\(max_time=0:00:08\) ends training at about step ([\d,]+)", said)
     assert note, said[-3000:]
+    # The plan itself is priced to that stop, not to the 100,000 steps it never trains.
+    priced = re.search(r"the script's max_time=0:00:08 ends it at step ([\d,]+) of 100,000", said)
+    assert priced, said[-3000:]
     ended = re.search(
         r"ended by the script: its Trainer\(max_time=0:00:08\) was reached after 0:00:0[89]",
         said,
     )
     assert ended, said[-3000:]
     done = [e for e in events(only_run(in_tmp), "progress-1.jsonl") if e.event == "done"]
-    assert done and done[-1].step < 1000 and "max_time" in done[-1].reason
+    assert done and done[-1].step < 100_000 and "max_time" in done[-1].reason
     # The step the note foretold, against the one the Timer stopped at: loosely, as a
     # short job on a shared machine is noisy.
     foretold = int(note.group(1).replace(",", ""))
-    assert handover_step(only_run(in_tmp)) < foretold < 1000
+    assert handover_step(only_run(in_tmp)) < foretold < 100_000
     assert 0.25 < foretold / done[-1].step < 4.0, (foretold, done[-1].step)
 
 

@@ -251,11 +251,11 @@ def plan_lines(result: PlanResult, request: PlanRequest, width: int = 80) -> lis
 
 
 def _stop(p: Plan) -> str:
-    """``the script's max_time=0:00:25 ends it at step 412 of 2,000; time and cost to
-    there``: a run the script's own limits end before the target."""
+    """``the script's max_time=0:00:25 ends it after 412 of its 2,000 steps; time and
+    cost to there``: a run the script's own limits end before the target."""
     return (
-        f"the script's {p.stopped_by} ends it at step {p.stops_at_step:,} of "
-        f"{p.steps_to_target:,}; time and cost to there"
+        f"the script's {p.stopped_by} ends it after {p.stops_at_step:,} of its "
+        f"{p.steps_to_target:,} steps; time and cost to there"
     )
 
 

@@ -106,8 +106,9 @@ class Plan:
     """Validation seconds per step (the script's passes between training batches): in
     :attr:`time_to_target_h` and :attr:`cost_usd`, not in :attr:`step_s`."""
     stops_at_step: int | None = None
-    """Where the script's own limits end this run before the target (``None``: it reaches
-    the target); :attr:`time_to_target_h` and :attr:`cost_usd` are then to this step."""
+    """Steps this run trains before the script's own limits end it, short of
+    :attr:`steps_to_target` (``None``: it reaches the target); :attr:`time_to_target_h`
+    and :attr:`cost_usd` are then to there."""
     stopped_by: str = ""
     """The script's setting that ends the run there (``max_time=0:00:25``)."""
 

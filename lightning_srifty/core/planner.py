@@ -110,9 +110,10 @@ class PlanRequest:
     num_nodes: int | None = None
     """Nodes the script fixes itself (``Trainer(num_nodes=N)``): exactly N."""
     script_stop: ScriptStop | None = None
-    """The script's own ``max_steps``/``max_epochs``/``max_time``, counted from step 0:
-    each plan is priced to where they end its run (set by ``ScriptTrainer.constrain``;
-    re-plans of the remaining work leave it out)."""
+    """The script's own ``max_steps``/``max_epochs``/``max_time``, less what the run had
+    done when priced (:meth:`ScriptStop.after`): each plan is priced to where they end its
+    run (set by ``ScriptTrainer.constrain``; the launcher's re-plans after a preemption
+    leave it out)."""
 
     def __post_init__(self) -> None:
         if (self.target_steps is None) == (self.epochs is None):
@@ -880,20 +881,22 @@ def _script_stops(
     ``max_steps``/``max_epochs`` give a step on each world size (an epoch has fewer
     batches on more processes); ``max_time`` ends the run when Lightning's ``Timer`` has
     counted it, at the run's mean step, validation included (what the time is priced at).
+    Both count from where the run is priced (``ScriptStop.done_steps``/``done_time_s``).
     """
     trained = np.asarray(steps, dtype=np.float64).copy()
     stopped_by = np.zeros(trained.shape, dtype=np.int8)
     if stop is None:
         return trained, stopped_by
     for w in np.unique(world):
-        limit, _ = stop.steps_on(int(w))
+        limit, _ = stop.steps_left_on(int(w))
         if limit is not None:
             cut = (world == w) & (trained > limit)
             trained[cut], stopped_by[cut] = float(limit), STOPPED_BY_STEPS
-    if stop.max_time_s is not None:
+    time_left_s = stop.time_left_s
+    if time_left_s is not None:
         mean_step = paced * mean_factor(sigma)
         with np.errstate(divide="ignore", invalid="ignore"):
-            timed = np.floor(stop.max_time_s / mean_step)
+            timed = np.floor(time_left_s / mean_step)
         cut = np.isfinite(timed) & (timed < trained)
         trained[cut], stopped_by[cut] = np.maximum(timed[cut], 0.0), STOPPED_BY_TIME
     return trained, stopped_by
@@ -1182,7 +1185,7 @@ def _stop_setting(stop: ScriptStop | None, code: int, world: int) -> str:
     """The script's setting that ends a run stopped with ``code`` (``_script_stops``)."""
     if stop is None or code == 0:
         return ""
-    return stop.time_setting if code == STOPPED_BY_TIME else stop.steps_on(world)[1]
+    return stop.time_setting if code == STOPPED_BY_TIME else stop.steps_left_on(world)[1]
 
 
 def _per_target(table: _Table) -> _Table:

@@ -179,6 +179,10 @@ class ScriptStop:
     ``max_steps`` then never ends training); ``None``: not recorded, taken as ``1/k``."""
     max_time_s: float | None = None
     """``Trainer(max_time=...)``: seconds of training Lightning's ``Timer`` allows."""
+    done_steps: int = 0
+    """Steps the job's counter had reached when the run is priced (its checkpoint)."""
+    done_time_s: float = 0.0
+    """Training time Lightning's ``Timer`` had counted by then."""
 
     @staticmethod
     def of(profile: Profile) -> ScriptStop | None:
@@ -215,6 +219,26 @@ class ScriptStop:
                 else None
             ),
         )
+
+    def after(self, steps: int, time_s: float) -> ScriptStop:
+        """The limits left once the job's counter reads ``steps`` after ``time_s`` of
+        training: what a run resumed there can still train."""
+        return dataclasses.replace(self, done_steps=max(steps, 0), done_time_s=max(time_s, 0.0))
+
+    @property
+    def time_left_s(self) -> float | None:
+        """Training time ``max_time`` still allows (``None``: no time limit)."""
+        if self.max_time_s is None:
+            return None
+        return max(self.max_time_s - self.done_time_s, 0.0)
+
+    def steps_left_on(self, world: int) -> tuple[int | None, str]:
+        """:meth:`steps_on` counted from :attr:`done_steps`: the steps a run resumed there
+        trains on ``world`` processes before the script's step limits end it."""
+        limit, setting = self.steps_on(world)
+        if limit is None:
+            return None, ""
+        return max(limit - self.done_steps, 0), setting
 
     def steps_on(self, world: int) -> tuple[int | None, str]:
         """Where ``max_steps``/``max_epochs`` stop training on ``world`` processes, in

@@ -33,6 +33,7 @@ from lightning_srifty.core.planner import (
     plan_pinned,
     predict_per_step,
     profile_core_share,
+    target_steps_at_base,
 )
 from lightning_srifty.core.probing import (
     PROBE_MODES,
@@ -355,11 +356,15 @@ def _run_launch(
     if options.backend == "sky-jobs":
         # A managed job is one task: one instance type, several ranked candidates.
         request = dataclasses.replace(request, mixes=False, top_k=max(request.top_k, MANAGED_TOP_K))
+    ledger = _step_ledger(run_dir, target_steps_at_base(profile, request), options.resume)
+    full_target = int(math.ceil(ledger.target_base))
+    reached = max((ref.step for ref in store.refs()), default=0)  # one listing of the store
+    priced = _left_to_train(request, ledger, reached, profile, ui)
     if options.pinned:
-        result = plan_pinned(profile, offers, model, request, options.pinned)
+        result = plan_pinned(profile, offers, model, priced, options.pinned)
     else:
-        result = plan(profile, offers, model, request)
-    ui.show_plan(result, request)
+        result = plan(profile, offers, model, priced)
+    ui.show_plan(result, priced)
     local = backend if isinstance(backend, LocalBackend) else None
     if local is not None:
         local.fix_shape(per_node=script.devices, nodes=script.num_nodes)
@@ -394,7 +399,7 @@ def _run_launch(
                 policy=make_policy(options.policy),
                 candidates=_candidate_source(profile, offers, model, request, options.pinned),
                 home=plan_key(chosen),
-                target_steps=int(math.ceil(result.target_steps_at_base)),
+                target_steps=full_target,
                 deadline_h=request.deadline_h,
                 changeover_h=request.restart_delay_h,
                 wait_h=wait_s / 3600.0,
@@ -445,9 +450,9 @@ def _run_launch(
         if line:
             ui.info(line)
     if not options.dry_run:
-        probing = make_controller(result.best, result, model, None, result.target_steps_at_base)
+        probing = make_controller(result.best, result, model, None, full_target)
         result, model = probe_and_replan(
-            options, ui, profile, offers, model, request, result, probing, local
+            options, ui, profile, offers, model, priced, result, probing, local
         )
     chosen = result.best
     if hasattr(backend, "candidates"):
@@ -456,8 +461,6 @@ def _run_launch(
         raise LaunchError("plan not confirmed; nothing was launched (use --yes to skip asking)")
 
     topology = local.topology_for(chosen.cluster) if local is not None else None
-    ledger = _step_ledger(run_dir, result, options.resume)
-    reached = max((ref.step for ref in store.refs()), default=0)  # one listing of the store
     target = ledger.target_step(reached, result.batch.base_per_step(world_of(chosen)))
     target = _bounded_by_script(target, profile, world_of(chosen), ui)
     _note_time_limit(
@@ -681,16 +684,43 @@ def _refuse_a_second_writer(backend: object, run_dir: Path) -> None:
         )
 
 
-def _step_ledger(run_dir: Path, result: PlanResult, resume: bool) -> StepLedger:
-    """A new ledger for the planned target, or the resumed run's with its history."""
+def _step_ledger(run_dir: Path, target_base: int, resume: bool) -> StepLedger:
+    """A new ledger for the run's target (steps at the profiled scale), or the resumed
+    run's with its history."""
     from lightning_srifty.io.jsonfile import read_json
 
     path = run_dir / LEDGER_FILE
     if resume and path.is_file():
         kept = StepLedger.from_dict(read_json(path), source=str(path))
-        kept.target_base = float(result.target_steps_at_base)
+        kept.target_base = float(target_base)
         return kept
-    return StepLedger(target_base=float(result.target_steps_at_base))
+    return StepLedger(target_base=float(target_base))
+
+
+def _left_to_train(
+    request: PlanRequest, ledger: StepLedger, reached: int, profile: Profile, ui: LauncherUI
+) -> PlanRequest:
+    """``request`` for the work left once the job's counter reads ``reached`` (the
+    profiling run's handover, or a resumed run's newest checkpoint): the plans price
+    only what the run will train, and the script's limits less what was trained.
+
+    The training time Lightning's ``Timer`` counted is known at the profile's window end;
+    a resumed run counted more, so its ``max_time`` is priced as if it had not.
+    """
+    if reached <= 0:
+        return request
+    left = max(math.ceil(ledger.remaining_base(reached) - 1e-9), 1)
+    ui.info(
+        f"the run stands at step {reached:,}: the plans price the {left:,} steps left of "
+        f"its {int(ledger.target_base):,} (at the profiled scale)"
+    )
+    stop = request.script_stop
+    if stop is not None:
+        limits = profile.extra.get("trainer")
+        counted = limits.get("time_elapsed_s") if isinstance(limits, dict) else None
+        counted_s = float(counted) if isinstance(counted, int | float) else 0.0
+        stop = stop.after(reached, counted_s)
+    return dataclasses.replace(request, target_steps=left, epochs=None, script_stop=stop)
 
 
 def _trainer_env(

@@ -453,6 +453,27 @@ def test_a_scripts_max_time_ends_every_run_at_it_and_ranks_by_the_work_each_buys
     assert any("end every run before the target" in note for note in result.notes)
 
 
+def test_a_run_priced_part_way_is_stopped_by_the_limits_left() -> None:
+    """At step 400 of a script with max_steps=500, the 1,600 steps left on one GPU stop
+    after 100: priced at 100 steps' time, what the resumed run trains."""
+    free_profile = make_profile()
+    limited = _with_limits(free_profile, max_steps=500, automatic_optimization=False)
+    stop = ScriptTrainer.of(limited).stop
+    assert stop is not None
+    request = PlanRequest(target_steps=1_600, top_k=50, script_stop=stop.after(400, 0.0))
+    pinned = plan_pinned(limited, small_catalog(), MODEL, request, [("g4dn.xlarge", 1)])
+    free = plan_pinned(
+        free_profile, small_catalog(), MODEL, replace(request, script_stop=None),
+        [("g4dn.xlarge", 1)],
+    )  # fmt: skip
+    best, whole = (
+        pinned.best,
+        _by_shape(free.plans)[(pinned.best.cluster.describe(), pinned.best.use_spot)],
+    )
+    assert best.stops_at_step == 100 and best.steps_to_target == 1_600
+    assert best.cost_usd == pytest.approx(whole.cost_usd * 100 / 1_600)
+
+
 def test_a_profile_without_recorded_limits_stops_no_run() -> None:
     """A script without recorded limits plans as before: nothing is stopped."""
     request = ScriptTrainer.of(make_profile()).constrain(PlanRequest(target_steps=2_000))

@@ -92,3 +92,16 @@ def test_the_constrained_request_carries_the_scripts_stop() -> None:
     assert (
         request.script_stop is not None and request.script_stop.time_setting == "max_time=0:00:25"
     )
+
+
+def test_a_run_resumed_part_way_has_the_limits_left_after_what_it_trained() -> None:
+    """max_steps=100 (no accumulation) and max_time=60 s: at step 30 after 20 s of
+    training, 70 steps and 40 s are left; past the limit nothing is."""
+    stop = _stop_of(max_steps=100, max_time_s=60.0, automatic_optimization=False)
+    assert stop is not None and stop.steps_left_on(1) == (100, "max_steps=100")
+    later = stop.after(30, 20.0)
+    assert later.steps_left_on(1) == (70, "max_steps=100") and later.time_left_s == 40.0
+    assert (
+        stop.after(130, 90.0).steps_left_on(1)[0] == 0 and stop.after(130, 90.0).time_left_s == 0.0
+    )
+    assert stop.steps_on(1) == later.steps_on(1)  # the script's own limit does not move

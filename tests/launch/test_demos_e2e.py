@@ -146,6 +146,8 @@ def test_dry_run_then_resume_trains_without_profiling_again(
     code, out, err = launch(["--resume", "r"], capfd)
     assert code == 0, err[-3000:]
     assert "resuming r from step 25" in out
+    # The plan prices what the resumed run trains: the 25 steps left, not all 50.
+    assert "the plans price the 25 steps left of its 50" in out
     assert (run / "profile-progress.jsonl").read_text() == profiled  # no second profile
     trained = events(run, "progress-1.jsonl")
     assert trained[0].event == "resumed" and trained[0].step == 25

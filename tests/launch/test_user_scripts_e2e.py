@@ -184,8 +184,13 @@ def test_a_scripts_max_time_is_told_at_planning_and_ends_the_run_as_it_said(
     note = re.search(r"Trainer\(max_time=0:00:08\) ends training at about step ([\d,]+)", said)
     assert note, said[-3000:]
     # The plan itself is priced to that stop, not to the 100,000 steps it never trains.
-    priced = re.search(r"the script's max_time=0:00:08 ends it at step ([\d,]+) of 100,000", said)
+    priced = re.search(
+        r"the script's max_time=0:00:08 ends it after ([\d,]+) of its ([\d,]+) steps", said
+    )
     assert priced, said[-3000:]
+    # ... and to the steps left after the profiling run's handover, not to all 100,000.
+    handover = handover_step(only_run(in_tmp))
+    assert int(priced.group(2).replace(",", "")) == 100_000 - handover
     ended = re.search(
         r"ended by the script: its Trainer\(max_time=0:00:08\) was reached after 0:00:0[89]",
         said,

@@ -62,22 +62,28 @@ def save_to_store(
     """
     folder = Path(tempfile.mkdtemp(prefix="srifty-ckpt-")) if trainer.is_global_zero else None
     path = (folder or Path(tempfile.gettempdir())) / CHECKPOINT_FILE
+    from lightning_srifty.capture.launch_mode import time_limit
+
     started = time.monotonic()
+    timed = time_limit(trainer)  # Trainer(max_time=...): the training time its Timer counted
     trainer.save_checkpoint(path, weights_only=False)
     outcome: tuple[str, str] = ("", "")
     if folder is not None:
         try:
             written = time.monotonic()
+            extra: dict[str, Any] = {
+                "epoch": int(trainer.current_epoch),
+                "world_size": int(trainer.world_size),
+                "save_s": round(written - started, 4),
+                "upload_s": round(time.monotonic() - written, 4),
+            }
+            if timed is not None:
+                extra["time_trained_s"] = round(timed[1], 3)  # what a resume's Timer counts on
             ref = store.save(
                 path,
                 step=int(trainer.global_step) if step is None else step,
                 reason=reason,
-                extra={
-                    "epoch": int(trainer.current_epoch),
-                    "world_size": int(trainer.world_size),
-                    "save_s": round(written - started, 4),
-                    "upload_s": round(time.monotonic() - written, 4),
-                },
+                extra=extra,
             )
             outcome = (ref.id, "")
         except CheckpointError as exc:

@@ -65,7 +65,7 @@ from lightning_srifty.launch.refine import Refiner
 from lightning_srifty.launch.runs import claim_run_dir, next_attempt, write_run_record
 
 if TYPE_CHECKING:
-    from lightning_srifty.io.checkpoint_store import CheckpointStore
+    from lightning_srifty.io.checkpoint_store import CheckpointRef, CheckpointStore
 
 BACKENDS = ("local", "sky", "sky-jobs")
 SKY_BACKENDS = ("sky", "sky-jobs")
@@ -358,8 +358,10 @@ def _run_launch(
         request = dataclasses.replace(request, mixes=False, top_k=max(request.top_k, MANAGED_TOP_K))
     ledger = _step_ledger(run_dir, target_steps_at_base(profile, request), options.resume)
     full_target = int(math.ceil(ledger.target_base))
-    reached = max((ref.step for ref in store.refs()), default=0)  # one listing of the store
-    priced = _left_to_train(request, ledger, reached, profile, ui)
+    newest = max(store.refs(), key=lambda ref: ref.step, default=None)  # one listing
+    reached = newest.step if newest is not None else 0
+    trained_s = _time_trained_s(newest, profile)
+    priced = _left_to_train(request, ledger, reached, trained_s, ui)
     if options.pinned:
         result = plan_pinned(profile, offers, model, priced, options.pinned)
     else:
@@ -463,9 +465,8 @@ def _run_launch(
     topology = local.topology_for(chosen.cluster) if local is not None else None
     target = ledger.target_step(reached, result.batch.base_per_step(world_of(chosen)))
     target = _bounded_by_script(target, profile, world_of(chosen), ui)
-    _note_time_limit(
-        profile, _expectation(chosen, profile, model, local, target), reached, target, ui
-    )
+    expected = _expectation(chosen, profile, model, local, target)
+    _note_time_limit(profile, expected, reached, trained_s, target, ui)
     if topology is not None:
         ui.info(
             f"each process trains on batches of {result.batch.per_process_batch} (global "
@@ -519,11 +520,11 @@ def _run_launch(
     )
     ui.info(f"launching on {chosen.cluster.describe()} via the {backend.name} backend{shape}")
     summary = controller.run(chosen)
-    newest = store.refs()
-    if newest and newest[0].reason == "final":
+    stored = store.refs()
+    if stored and stored[0].reason == "final":
         # The store is the job's own record: a log line lost in transit (a follower
         # that reconnected, a managed job's log read late) does not shrink what it did.
-        summary = dataclasses.replace(summary, final_checkpoint_step=newest[0].step)
+        summary = dataclasses.replace(summary, final_checkpoint_step=stored[0].step)
     outcome = LaunchOutcome(profiled, result, summary, topology)
     ui.summary(outcome)
     return outcome
@@ -617,31 +618,38 @@ def _bounded_by_script(target: int, profile: Profile, world: int, ui: LauncherUI
 
 
 def time_limit_step(
-    profile: Profile, per_step_s: float, start_step: int
+    profile: Profile, per_step_s: float, start_step: int, trained_s: float | None = None
 ) -> tuple[int, float] | None:
     """Where the script's ``Trainer(max_time=...)`` ends training at ``per_step_s`` a step
     (validation included): the step, and the limit in seconds (``None``: none is set).
 
     Lightning's ``Timer`` counts the training stage's wall time, validation included, and
-    a resumed run carries the time counted before. The profile recorded the limit and the
-    time counted by the window's end; the rest goes at the run's predicted step.
+    a resumed run carries the time counted before: ``trained_s`` at ``start_step`` (the
+    checkpoint's manifest keeps it), else what the profile counted by its window's end.
+    The rest goes at the run's predicted step.
     """
     limits = profile.extra.get("trainer")
     if not isinstance(limits, dict) or per_step_s <= 0:
         return None
-    limit, elapsed = limits.get("max_time_s"), limits.get("time_elapsed_s", 0.0)
+    limit = limits.get("max_time_s")
+    elapsed = limits.get("time_elapsed_s", 0.0) if trained_s is None else trained_s
     if not isinstance(limit, int | float) or not isinstance(elapsed, int | float):
         return None
     return start_step + max(int((limit - elapsed) / per_step_s), 0), float(limit)
 
 
 def _note_time_limit(
-    profile: Profile, expected: Expectation, start_step: int, target: int, ui: LauncherUI
+    profile: Profile,
+    expected: Expectation,
+    start_step: int,
+    trained_s: float,
+    target: int,
+    ui: LauncherUI,
 ) -> None:
     """Says where ``Trainer(max_time=...)`` will end the run, if before the target: the
     plan is priced to there (:class:`ScriptStop`), and the limit is never lifted."""
     per_step_s = expected.step_s + expected.validation_s
-    found = time_limit_step(profile, per_step_s, start_step)
+    found = time_limit_step(profile, per_step_s, start_step, trained_s)
     if found is None or found[0] >= target:
         return
     step, limit_s = found
@@ -697,16 +705,24 @@ def _step_ledger(run_dir: Path, target_base: int, resume: bool) -> StepLedger:
     return StepLedger(target_base=float(target_base))
 
 
-def _left_to_train(
-    request: PlanRequest, ledger: StepLedger, reached: int, profile: Profile, ui: LauncherUI
-) -> PlanRequest:
-    """``request`` for the work left once the job's counter reads ``reached`` (the
-    profiling run's handover, or a resumed run's newest checkpoint): the plans price
-    only what the run will train, and the script's limits less what was trained.
+def _time_trained_s(newest: CheckpointRef | None, profile: Profile) -> float:
+    """The training time Lightning's ``Timer`` had counted at the newest checkpoint (its
+    manifest keeps it), else at the profile's window end (0 without ``max_time``)."""
+    kept = newest.extra.get("time_trained_s") if newest is not None else None
+    if isinstance(kept, int | float) and not isinstance(kept, bool):
+        return float(kept)
+    limits = profile.extra.get("trainer")
+    counted = limits.get("time_elapsed_s") if isinstance(limits, dict) else None
+    return float(counted) if isinstance(counted, int | float) else 0.0
 
-    The training time Lightning's ``Timer`` counted is known at the profile's window end;
-    a resumed run counted more, so its ``max_time`` is priced as if it had not.
-    """
+
+def _left_to_train(
+    request: PlanRequest, ledger: StepLedger, reached: int, trained_s: float, ui: LauncherUI
+) -> PlanRequest:
+    """``request`` for the work left once the job's counter reads ``reached`` after
+    ``trained_s`` of training (the profiling run's handover, or a resumed run's newest
+    checkpoint): the plans price only what the run will train, and the script's limits
+    less what was trained."""
     if reached <= 0:
         return request
     left = max(math.ceil(ledger.remaining_base(reached) - 1e-9), 1)
@@ -716,10 +732,7 @@ def _left_to_train(
     )
     stop = request.script_stop
     if stop is not None:
-        limits = profile.extra.get("trainer")
-        counted = limits.get("time_elapsed_s") if isinstance(limits, dict) else None
-        counted_s = float(counted) if isinstance(counted, int | float) else 0.0
-        stop = stop.after(reached, counted_s)
+        stop = stop.after(reached, trained_s)
     return dataclasses.replace(request, target_steps=left, epochs=None, script_stop=stop)
 
 

@@ -26,6 +26,7 @@ from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.launch.launcher import (
     LaunchOptions,
+    _time_trained_s,
     run_launch,
     time_limit_step,
     user_limit_steps,
@@ -547,6 +548,32 @@ def test_the_scripts_max_steps_bound_the_batches_lightning_runs(
     assert isinstance(callback, SriftyCallback)
     assert callback.profile is not None
     assert user_limit_steps(callback.profile, 1) == (module.trained, f"max_steps={max_steps}")
+
+
+def test_a_checkpoint_keeps_the_time_its_timer_counted_for_a_resumes_plan(tmp_path: Path) -> None:
+    """A resumed run's plan counts ``max_time`` from the training time Lightning's
+    ``Timer`` had counted at its newest checkpoint: the manifest keeps it, so the
+    launcher reads it without downloading the checkpoint. Without a ``Timer`` nothing is
+    kept, and the profile's count at its window end stands in."""
+    from lightning_srifty.capture.checkpointing import save_to_store
+
+    callback = SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)
+    trainer = pl.Trainer(max_steps=6, max_time={"hours": 1}, accelerator="cpu", devices=1,
+                         default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[callback])  # fmt: skip
+    trainer.fit(_Counting(10))
+    store = open_store(str(tmp_path / "store"))
+    save_to_store(trainer, store, reason="periodic", step=6)
+    (ref,) = store.refs()
+    timer = next(c for c in trainer.callbacks if isinstance(c, pl.callbacks.Timer))
+    assert ref.extra["time_trained_s"] == pytest.approx(timer.time_elapsed(), abs=0.01)
+    assert callback.profile is not None
+    assert _time_trained_s(ref, callback.profile) == ref.extra["time_trained_s"]
+    untimed = dataclasses.replace(ref, extra={})
+    profiled = callback.profile.extra["trainer"]["time_elapsed_s"]
+    assert _time_trained_s(untimed, callback.profile) == profiled < ref.extra["time_trained_s"]
+    assert _time_trained_s(None, dataclasses.replace(callback.profile, extra={})) == 0.0
 
 
 @pytest.mark.parametrize("max_time", [{"hours": 1}, None])

@@ -8,6 +8,7 @@ from every rank (``TRACE_BATCHES``: rank, world size, batch size).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -191,6 +192,11 @@ def test_a_scripts_max_time_is_told_at_planning_and_ends_the_run_as_it_said(
     # ... and to the steps left after the profiling run's handover, not to all 100,000.
     handover = handover_step(only_run(in_tmp))
     assert int(priced.group(2).replace(",", "")) == 100_000 - handover
+    # Every checkpoint's manifest keeps the time the Timer had counted (a resume's plan
+    # counts max_time from it).
+    manifests = list((only_run(in_tmp) / "checkpoints" / "manifests").glob("*.json"))
+    counted = [json.loads(m.read_text())["extra"]["time_trained_s"] for m in manifests]
+    assert counted and all(0.0 < t <= 9.0 for t in counted), counted
     ended = re.search(
         r"ended by the script: its Trainer\(max_time=0:00:08\) was reached after 0:00:0[89]",
         said,

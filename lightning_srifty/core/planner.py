@@ -112,8 +112,8 @@ class PlanRequest:
     script_stop: ScriptStop | None = None
     """The script's own ``max_steps``/``max_epochs``/``max_time``, less what the run had
     done when priced (:meth:`ScriptStop.after`): each plan is priced to where they end its
-    run (set by ``ScriptTrainer.constrain``; the launcher's re-plans after a preemption
-    leave it out)."""
+    run (set by ``ScriptTrainer.constrain``; the launcher's re-plans count them from the
+    newest checkpoint)."""
 
     def __post_init__(self) -> None:
         if (self.target_steps is None) == (self.epochs is None):

@@ -362,6 +362,15 @@ def _run_launch(
     reached = newest.step if newest is not None else 0
     trained_s = _time_trained_s(newest, profile)
     priced = _left_to_train(request, ledger, reached, trained_s, ui)
+
+    def stop_now() -> ScriptStop | None:
+        """The script's limits left at the newest checkpoint (what a re-plan prices)."""
+        if request.script_stop is None:
+            return None
+        newest = max(store.refs(), key=lambda ref: ref.step, default=None)
+        at = newest.step if newest is not None else 0
+        return request.script_stop.after(at, _time_trained_s(newest, profile))
+
     if options.pinned:
         result = plan_pinned(profile, offers, model, priced, options.pinned)
     else:
@@ -399,7 +408,9 @@ def _run_launch(
             target_steps=target,
             next_planner=PolicyDecider(
                 policy=make_policy(options.policy),
-                candidates=_candidate_source(profile, offers, model, request, options.pinned),
+                candidates=_candidate_source(
+                    profile, offers, model, request, options.pinned, stop_now
+                ),
                 home=plan_key(chosen),
                 target_steps=full_target,
                 deadline_h=request.deadline_h,
@@ -431,7 +442,9 @@ def _run_launch(
             target_epochs=request.epochs,
             policy_every_s=policy_every_s,
             keep_on_interrupt=options.keep_clusters,
-            refiner=_refiner(options, profile, offers, model, request, local, checkpoint_s),
+            refiner=_refiner(
+                options, profile, offers, model, request, local, checkpoint_s, stop_now
+            ),
             ledger=ledger,
             base_per_step=lambda p: result.batch.base_per_step(world_of(p)),
             resume_step=lambda: max((ref.step for ref in store.refs()), default=0),
@@ -1238,6 +1251,7 @@ def _refiner(
     request: PlanRequest,
     local: LocalBackend | None,
     checkpoint_s: float | None,
+    stop_now: Callable[[], ScriptStop | None] = lambda: None,
 ) -> Callable[[Plan, float, float, float, float], Decision | None] | None:
     """Live refinement for the run (``None`` with ``--no-refine`` or managed jobs, where
     SkyPilot's controller decides where the job runs)."""
@@ -1252,7 +1266,7 @@ def _refiner(
             epochs=None,
             deadline_h=left,
             top_k=10,
-            script_stop=None,  # counted from step 0; the controller bounds each attempt
+            script_stop=stop_now(),  # the script's limits left, as the run stands
         )
         try:
             if options.pinned:
@@ -1284,6 +1298,7 @@ def _candidate_source(
     model: PerformanceModel,
     request: PlanRequest,
     pinned: Sequence[tuple[str, int]] = (),
+    stop_now: Callable[[], ScriptStop | None] = lambda: None,
 ) -> CandidateSource:
     """Re-plans the remaining work: the best spot plans, and an on-demand fallback.
 
@@ -1309,7 +1324,7 @@ def _candidate_source(
             budget_usd=None,
             objective="cost",
             top_k=SPOT_CANDIDATES,
-            script_stop=None,  # counted from step 0; the controller bounds each attempt
+            script_stop=stop_now(),  # the script's limits left, as the run stands
         )
         spot: tuple[Plan, ...] = ()
         if request.allow_spot:

@@ -597,3 +597,25 @@ def test_the_scripts_max_time_is_recorded_and_placed_at_a_step(
     elapsed = limits["time_elapsed_s"]
     assert limits["max_time_s"] == 3600.0 and 0 < elapsed < 60
     assert time_limit_step(callback.profile, 0.5, 10) == (10 + int((3600 - elapsed) / 0.5), 3600.0)
+
+
+def test_a_re_plan_after_a_preemption_prices_the_scripts_limits_left() -> None:
+    """At step 400 of a script with max_steps=500, 100 steps are left to it: of the 1,600
+    base steps still to train, only a cluster of 16 or more GPUs trains them all in 100
+    steps. A re-plan offers those first, as the launch's own plan does; without the
+    limits it would offer one GPU, which the script stops after 100 steps."""
+    from lightning_srifty.core.script_trainer import ScriptTrainer
+    from lightning_srifty.launch.launcher import _candidate_source
+    from tests.core.test_planner import MODEL, make_profile, small_catalog
+
+    profile = make_profile(trainer={"max_steps": 500, "automatic_optimization": False})
+    request = ScriptTrainer.of(profile).constrain(PlanRequest(target_steps=2_000))
+    assert request.script_stop is not None
+    left = request.script_stop.after(400, 0.0)
+    limited = _candidate_source(profile, small_catalog(), MODEL, request, (), lambda: left)
+    found = limited(1_600, 0.0)
+    assert found.spot and found.on_demand is not None
+    for p in (*found.spot, found.on_demand):
+        assert p.cluster.world_size >= 16 and p.stops_at_step is None, p.cluster.describe()
+    free = _candidate_source(profile, small_catalog(), MODEL, request, (), lambda: None)
+    assert min(p.cluster.world_size for p in free(1_600, 0.0).spot) < 16

@@ -358,18 +358,14 @@ def _run_launch(
         request = dataclasses.replace(request, mixes=False, top_k=max(request.top_k, MANAGED_TOP_K))
     ledger = _step_ledger(run_dir, target_steps_at_base(profile, request), options.resume)
     full_target = int(math.ceil(ledger.target_base))
-    newest = max(store.refs(), key=lambda ref: ref.step, default=None)  # one listing
-    reached = newest.step if newest is not None else 0
-    trained_s = _time_trained_s(newest, profile)
+    reached, trained_s = _where_the_run_stands(store, profile)  # one listing of the store
     priced = _left_to_train(request, ledger, reached, trained_s, ui)
 
     def stop_now() -> ScriptStop | None:
         """The script's limits left at the newest checkpoint (what a re-plan prices)."""
         if request.script_stop is None:
             return None
-        newest = max(store.refs(), key=lambda ref: ref.step, default=None)
-        at = newest.step if newest is not None else 0
-        return request.script_stop.after(at, _time_trained_s(newest, profile))
+        return request.script_stop.after(*_where_the_run_stands(store, profile))
 
     if options.pinned:
         result = plan_pinned(profile, offers, model, priced, options.pinned)
@@ -641,14 +637,12 @@ def time_limit_step(
     checkpoint's manifest keeps it), else what the profile counted by its window's end.
     The rest goes at the run's predicted step.
     """
-    limits = profile.extra.get("trainer")
-    if not isinstance(limits, dict) or per_step_s <= 0:
+    stop = ScriptStop.of(profile)
+    if stop is None or stop.max_time_s is None or per_step_s <= 0:
         return None
-    limit = limits.get("max_time_s")
-    elapsed = limits.get("time_elapsed_s", 0.0) if trained_s is None else trained_s
-    if not isinstance(limit, int | float) or not isinstance(elapsed, int | float):
-        return None
-    return start_step + max(int((limit - elapsed) / per_step_s), 0), float(limit)
+    counted_s = _time_trained_s(None, profile) if trained_s is None else trained_s
+    left_s = stop.after(start_step, counted_s).time_left_s or 0.0
+    return start_step + int(left_s / per_step_s), stop.max_time_s
 
 
 def _note_time_limit(
@@ -716,6 +710,13 @@ def _step_ledger(run_dir: Path, target_base: int, resume: bool) -> StepLedger:
         kept.target_base = float(target_base)
         return kept
     return StepLedger(target_base=float(target_base))
+
+
+def _where_the_run_stands(store: CheckpointStore, profile: Profile) -> tuple[int, float]:
+    """The newest checkpoint's step and the training time Lightning's ``Timer`` had
+    counted there (one listing of the store; step 0 where it holds none)."""
+    newest = max(store.refs(), key=lambda ref: ref.step, default=None)
+    return (newest.step if newest is not None else 0), _time_trained_s(newest, profile)
 
 
 def _time_trained_s(newest: CheckpointRef | None, profile: Profile) -> float:

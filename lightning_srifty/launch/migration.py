@@ -159,6 +159,9 @@ class PolicyDecider:
             return math.inf if p is None else p.hourly_usd * per_base_step_s(p) / slowest
 
         hours_per_step = slowest / 3600.0
+        # The script's own limits may end the run before the target: the work left is
+        # what the plan that trains furthest does (never less than any plan will run).
+        work_left = remaining * max(_share_trained(p) for p in known)
         seen = [self.history.get(k, ZoneHistory()) for k in keys]
         available = tuple(
             spot_up and p is not None and k not in cooling for p, k in zip(zones, keys, strict=True)
@@ -179,7 +182,7 @@ class PolicyDecider:
             gap_hours=self.wait_h,
             progress_hours=steps_done * hours_per_step,
             unsaved_hours=0.0,
-            job_hours=self.target_steps * hours_per_step,
+            job_hours=(steps_done + work_left) * hours_per_step,
             deadline_hours=math.inf if self.deadline_h is None else self.deadline_h,
             changeover_hours=self.changeover_h,
             changeover_left_hours=0.0,
@@ -230,6 +233,14 @@ def true_move(reason: str, src: Plan, dst: Plan) -> str:
     if POLICY_ZONE_MOVE not in reason:
         return reason
     return reason.replace(POLICY_ZONE_MOVE, f"migrating to {move_kind(src, dst)}")
+
+
+def _share_trained(plan: Plan) -> float:
+    """The share of the remaining work ``plan`` trains before the script's own
+    ``max_steps``/``max_epochs``/``max_time`` end it (1: it reaches the target)."""
+    if plan.stops_at_step is None or not plan.steps_to_target:
+        return 1.0
+    return min(max(plan.stops_at_step / plan.steps_to_target, 0.0), 1.0)
 
 
 def _one_per_offer(plans: Sequence[Plan]) -> list[Plan]:

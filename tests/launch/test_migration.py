@@ -139,6 +139,29 @@ def test_a_tight_deadline_sends_srifty_to_on_demand() -> None:
     assert decision.plan == ON_DEMAND  # 3 h of work left in 3.2 h: no slack to wait
 
 
+def test_work_the_scripts_own_limits_leave_undone_does_not_count_against_the_deadline() -> None:
+    """The tight deadline above, but the script's ``max_time`` ends every plan half-way
+    through the work left: 1.5 h of work in 3.2 h has slack, so srifty does not pay for
+    on-demand; a plan that still reaches the target puts the whole 3 h back."""
+    remaining = 3600 * 3
+
+    def stopping(plan: Plan, share: float) -> Plan:
+        stop = None if share >= 1 else int(remaining * share)
+        return dataclasses.replace(plan, steps_to_target=remaining, stops_at_step=stop)
+
+    def decide(home_share: float) -> Plan | None:
+        decider = _decider("srifty", spot=(stopping(HOME, home_share),), deadline_h=4.5)
+        decider.candidates = lambda remaining_, elapsed: Candidates(
+            (stopping(HOME, home_share),), stopping(ON_DEMAND, 0.5)
+        )
+        return decider.decide(
+            steps_done=3600, elapsed_h=1.3, cooling=frozenset({plan_key(HOME)}), preempted=True
+        ).plan
+
+    assert decide(home_share=0.5) is None  # waits for spot: the work left fits
+    assert decide(home_share=1.0) == stopping(ON_DEMAND, 0.5)  # the furthest plan counts
+
+
 def test_history_feeds_the_rate_estimates() -> None:
     decider = _decider("srifty")
     decider.record(plan_key(OTHER), 2.0, preempted=True)

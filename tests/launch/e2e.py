@@ -40,6 +40,24 @@ def attempt_logs(root: Path, lines: int = 40) -> str:
     return "\n".join(out[-4:])
 
 
+def attempt_accounts(run: Path) -> str:
+    """Per attempt: the progress events it wrote (first and last three) and every
+    ``srifty:`` line of its logs, for an assertion message about what each attempt did."""
+    out = []
+    for path in sorted(run.glob("progress-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+        attempt = path.stem.split("-")[1]
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        shown = lines if len(lines) <= 6 else [*lines[:3], "...", *lines[-3:]]
+        said = [
+            line
+            for log in sorted((run / f"attempt-{attempt}").glob("node-*.log"))
+            for line in log.read_text(errors="replace").splitlines()
+            if "srifty:" in line or "Signal" in line or "Killed" in line
+        ]
+        out.append(f"--- attempt {attempt} ---\n" + "\n".join([*shown, *said]))
+    return "\n".join(out)
+
+
 def skypilot_executor(task: Any, cluster_name: str) -> Any:
     """SkyPilot's own managed-job recovery executor for ``task``
     (``sky/jobs/recovery_strategy.py: StrategyExecutor.make``, as its controller builds it)."""

@@ -59,6 +59,12 @@ class InfeasibleError(SriftyError):
     """No plan meets the constraints; the message says what is achievable."""
 
 
+class ScriptLimitsReachedError(InfeasibleError):
+    """The script's own Trainer limits leave no step to train from where the run is
+    priced: a resume there only loads the checkpoint and ends, so there is nothing to
+    rank plans by (the launcher then prices that end, not the target)."""
+
+
 class MetadataUnavailableError(SriftyError):
     """The EC2 instance metadata service did not answer (used inside the job only)."""
 

@@ -40,6 +40,7 @@ probability of meeting the deadline.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ import numpy as np
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
 from lightning_srifty.core.catalog import Offer, band_hourly_rate
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
-from lightning_srifty.core.errors import ConfigError, InfeasibleError
+from lightning_srifty.core.errors import ConfigError, InfeasibleError, ScriptLimitsReachedError
 from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.lognormal import mean_factor, step_sigma
 from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
@@ -1099,6 +1100,22 @@ def _no_units_message(offers: Sequence[Offer], request: PlanRequest) -> str:
     )
 
 
+def _check_limits_left(table: _Table, stop: ScriptStop | None) -> None:
+    """Raises :class:`ScriptLimitsReachedError` where the script's own limits end every
+    candidate before its first step (no other reason leaves a run 0 steps to train)."""
+    if stop is None or (table.trained > 0).any():
+        return
+    settings = sorted({_stop_setting(stop, int(c), 1) for c in np.unique(table.stopped_by) if c})
+    where = f"step {stop.done_steps:,}"
+    if stop.max_time_s is not None:
+        where += f" after {dt.timedelta(seconds=round(stop.done_time_s))} of training"
+    raise ScriptLimitsReachedError(
+        f"the script's own Trainer({', '.join(s for s in settings if s)}) leaves no step to "
+        f"train from {where}: a run there only ends; lift the limit in the script to train "
+        "further"
+    )
+
+
 def _infeasible_message(table: _Table, request: PlanRequest) -> str:
     fits = table.ok
     if not fits.any():
@@ -1325,6 +1342,7 @@ def plan(
         ConfigError: the target cannot be computed (epochs without a dataset size).
     """
     table, space, steps0, sem, units = evaluate(profile, offers, model, request)
+    _check_limits_left(table, request.script_stop)
     meets = _meets(table, request)
     if not meets.any():
         raise InfeasibleError(_infeasible_message(table, request))
@@ -1440,6 +1458,7 @@ def plan_pinned(
             f"--cluster {described}: no priced offer of that shape in the allowed regions and "
             "markets (two types must share a region)"
         )
+    _check_limits_left(table.take(shape), request.script_stop)
     if not runnable.any():
         raise InfeasibleError(
             f"--cluster {described} cannot run this job: the model does not fit its GPU memory, "

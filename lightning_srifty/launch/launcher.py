@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from lightning_srifty.core import launch_protocol as proto
 from lightning_srifty.core.catalog import Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
-from lightning_srifty.core.errors import ConfigError, InfeasibleError, LaunchError
+from lightning_srifty.core.errors import (
+    ConfigError,
+    InfeasibleError,
+    LaunchError,
+    ScriptLimitsReachedError,
+)
 from lightning_srifty.core.links import loopback_links
 from lightning_srifty.core.monitor import Expectation, Snapshot
 from lightning_srifty.core.perfmodel import PerformanceModel
@@ -367,10 +372,12 @@ def _run_launch(
             return None
         return request.script_stop.after(*_where_the_run_stands(store, profile))
 
-    if options.pinned:
-        result = plan_pinned(profile, offers, model, priced, options.pinned)
-    else:
-        result = plan(profile, offers, model, priced)
+    try:
+        result = _search(profile, offers, model, priced, options.pinned)
+    except ScriptLimitsReachedError as reached_limits:
+        ui.info(f"{reached_limits}; the plans price that end")
+        priced = _only_the_end(priced)
+        result = _search(profile, offers, model, priced, options.pinned)
     ui.show_plan(result, priced)
     local = backend if isinstance(backend, LocalBackend) else None
     if local is not None:
@@ -1293,6 +1300,25 @@ def _refiner(
     return refiner.check
 
 
+def _search(
+    profile: Profile,
+    offers: Sequence[Offer],
+    model: PerformanceModel,
+    request: PlanRequest,
+    pinned: Sequence[tuple[str, int]],
+) -> PlanResult:
+    """The planner's ranking, over the pinned shape where the user fixed one."""
+    if pinned:
+        return plan_pinned(profile, offers, model, request, pinned)
+    return plan(profile, offers, model, request)
+
+
+def _only_the_end(request: PlanRequest) -> PlanRequest:
+    """``request`` for a run the script's own limits end at once: one step, no limits
+    (what a resume there runs before Lightning stops it)."""
+    return dataclasses.replace(request, target_steps=1, epochs=None, script_stop=None)
+
+
 def _candidate_source(
     profile: Profile,
     offers: Sequence[Offer],
@@ -1310,11 +1336,7 @@ def _candidate_source(
 
     def search(req: PlanRequest) -> PlanResult:
         # A pinned shape stays pinned after a preemption: only its zone or market moves.
-        return (
-            plan_pinned(profile, offers, model, req, pinned)
-            if pinned
-            else plan(profile, offers, model, req)
-        )
+        return _search(profile, offers, model, req, pinned)
 
     def find(remaining_steps: int, elapsed_h: float) -> Candidates:
         rest = dataclasses.replace(
@@ -1327,6 +1349,13 @@ def _candidate_source(
             top_k=SPOT_CANDIDATES,
             script_stop=stop_now(),  # the script's limits left, as the run stands
         )
+        try:
+            return found_for(rest, elapsed_h)
+        except ScriptLimitsReachedError:
+            # Preempted at the script's own stop: the resume only loads and ends.
+            return found_for(_only_the_end(rest), elapsed_h)
+
+    def found_for(rest: PlanRequest, elapsed_h: float) -> Candidates:
         spot: tuple[Plan, ...] = ()
         if request.allow_spot:
             spot = tuple(p for p in search(rest).plans if p.use_spot)

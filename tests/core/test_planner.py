@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.catalog import GpuSpec, Offer, band_hourly_rate
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
-from lightning_srifty.core.errors import ConfigError, InfeasibleError, PredictionError
+from lightning_srifty.core.errors import (
+    ConfigError,
+    InfeasibleError,
+    PredictionError,
+    ScriptLimitsReachedError,
+)
 from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
 from lightning_srifty.core.planner import (
     PlanRequest,
@@ -472,6 +477,23 @@ def test_a_run_priced_part_way_is_stopped_by_the_limits_left() -> None:
     )
     assert best.stops_at_step == 100 and best.steps_to_target == 1_600
     assert best.cost_usd == pytest.approx(whole.cost_usd * 100 / 1_600)
+
+
+def test_limits_spent_where_the_run_stands_are_named_not_read_as_no_fitting_gpu() -> None:
+    """A run resumed after 25 s of a 25 s max_time trains nothing on any cluster: the
+    planner says which limit, from where, and not that no GPU fits the model."""
+    limited = _with_limits(make_profile(), max_time_s=25.0, time_elapsed_s=2.0)
+    stop = ScriptTrainer.of(limited).stop
+    assert stop is not None
+    spent = PlanRequest(target_steps=5_000, script_stop=stop.after(630, 25.0))
+    for search in (
+        lambda: plan(limited, small_catalog(), MODEL, spent),
+        lambda: plan_pinned(limited, small_catalog(), MODEL, spent, [("g4dn.xlarge", 1)]),
+    ):
+        with pytest.raises(ScriptLimitsReachedError, match=r"max_time=0:00:25.*step 630"):
+            search()
+    almost = replace(spent, script_stop=stop.after(630, 24.0))  # one second left: plans
+    assert plan(limited, small_catalog(), MODEL, almost).best.stopped_by == "max_time=0:00:25"
 
 
 def test_a_profile_without_recorded_limits_stops_no_run() -> None:

@@ -619,3 +619,22 @@ def test_a_re_plan_after_a_preemption_prices_the_scripts_limits_left() -> None:
         assert p.cluster.world_size >= 16 and p.stops_at_step is None, p.cluster.describe()
     free = _candidate_source(profile, small_catalog(), MODEL, request, (), lambda: None)
     assert min(p.cluster.world_size for p in free(1_600, 0.0).spot) < 16
+
+
+def test_a_preemption_at_the_scripts_own_stop_re_plans_the_end_not_an_error() -> None:
+    """Revoked when the newest checkpoint is at the script's max_time: every plan trains
+    nothing, and the re-plan prices the resume that only ends the run (one step) where
+    it raised "no candidate cluster can run this job" (found with a 25 s max_time)."""
+    from lightning_srifty.core.script_trainer import ScriptTrainer
+    from lightning_srifty.launch.launcher import _candidate_source
+    from tests.core.test_planner import MODEL, make_profile, small_catalog
+
+    profile = make_profile(trainer={"max_time_s": 25.0, "time_elapsed_s": 2.0})
+    request = ScriptTrainer.of(profile).constrain(PlanRequest(target_steps=2_000))
+    assert request.script_stop is not None
+    spent = request.script_stop.after(630, 25.0)
+    found = _candidate_source(profile, small_catalog(), MODEL, request, (), lambda: spent)(
+        1_370, 0.01
+    )
+    assert found.spot and found.on_demand is not None
+    assert {p.steps_to_target for p in (*found.spot, found.on_demand)} == {1}

@@ -1277,10 +1277,8 @@ def _refiner(
             script_stop=stop_now(),  # the script's limits left, as the run stands
         )
         try:
-            if options.pinned:
-                return list(plan_pinned(profile, offers, refitted, rest, options.pinned).plans)
-            return list(plan(profile, offers, refitted, rest).plans)
-        except InfeasibleError:
+            return list(_search(profile, offers, refitted, rest, options.pinned).plans)
+        except InfeasibleError:  # the script's limits reached included: nowhere to move
             return []
 
     def ran_on(p: Plan) -> Cluster:

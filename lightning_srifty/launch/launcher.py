@@ -988,10 +988,7 @@ def probe_and_replan(
     ]:
         ui.info(line)
     was = result.best
-    if options.pinned:
-        again = plan_pinned(profile, offers, refitted, request, options.pinned)
-    else:
-        again = plan(profile, offers, refitted, request)
+    again = _search(profile, offers, refitted, request, options.pinned)
     now = again.best
     key = "time" if request.objective == "time" else "cost"
     repriced = _repriced(profile, offers, refitted, request, was)

@@ -150,7 +150,7 @@ def test_work_the_scripts_own_limits_leave_undone_does_not_count_against_the_dea
         return dataclasses.replace(plan, steps_to_target=remaining, stops_at_step=stop)
 
     def decide(home_share: float) -> Plan | None:
-        decider = _decider("srifty", spot=(stopping(HOME, home_share),), deadline_h=4.5)
+        decider = _decider("srifty", deadline_h=4.5)
         decider.candidates = lambda remaining_, elapsed: Candidates(
             (stopping(HOME, home_share),), stopping(ON_DEMAND, 0.5)
         )

@@ -100,6 +100,10 @@ class AttemptReport:
     """Where SkyPilot ran this attempt's managed job: first launch, then each recovery
     (as its queue showed the launched resources), so a summary can say which offer a
     recovery moved to."""
+    startup_s: float | None = None
+    """Seconds from the launch call to the attempt's first training step (provisioning,
+    set-up, checkpoint load): what starting on a new cluster cost this run; ``None``
+    when the attempt never stepped."""
 
     @property
     def resumed_from(self) -> str:
@@ -170,6 +174,10 @@ class NextPlanner(Protocol):
     """Chooses where the job goes after a preemption (see :mod:`.migration`)."""
 
     def record(self, key: tuple[str, str], ran_hours: float, preempted: bool) -> None: ...
+
+    def observe_startup(self, hours: float) -> None:
+        """An attempt took ``hours`` from its launch to its first step (a changeover)."""
+        ...
 
     def decide(
         self,
@@ -582,6 +590,9 @@ class Controller:
                     plan, JobState.PREEMPTED, (), 0.0, self.expectation_for(plan),
                     no_capacity=str(exc),
                 )  # fmt: skip
+            if report.startup_s is not None:
+                # the policy prices its next move at what this run's moves take
+                self.next_planner.observe_startup(report.startup_s / 3600.0)
             stalled = 0 if report.last_step > reached else stalled + 1
             reached = max(reached, report.last_step)
             spot_event = plan.use_spot and report.state is JobState.PREEMPTED
@@ -725,6 +736,7 @@ class Controller:
             envs=self.env_for(attempt, plan),
             name=f"srifty-{attempt}",
         )
+        launched = self.clock()  # a cloud launch blocks while it provisions
         handle = self.backend.launch(spec)
         follow = getattr(self.backend, "follow_progress", None)
         progress: ProgressSource = local_file
@@ -766,7 +778,7 @@ class Controller:
                     and reached < self.target_steps
                 ):
                     refined = True
-                    moved = self._refine(plan, steady, reached, started, first_step_at - t0)
+                    moved = self._refine(plan, steady, reached, started, first_step_at - launched)
                     if moved is not None:
                         self._drain(handle)
                         continue
@@ -834,6 +846,7 @@ class Controller:
             detail=str(detail or ""),
             recoveries=int(count(handle)) if count is not None else 0,
             placements=tuple(where(handle)) if where is not None else (),
+            startup_s=None if first_step_at is None else first_step_at - launched,
         )
 
     def _refine(

@@ -1333,10 +1333,11 @@ def _candidate_source(
         # A pinned shape stays pinned after a preemption: only its zone or market moves.
         return _search(profile, offers, model, req, pinned)
 
-    def find(remaining_steps: int, elapsed_h: float) -> Candidates:
+    def find(remaining_steps: int, elapsed_h: float, changeover_h: float) -> Candidates:
         rest = dataclasses.replace(
             request,
             target_steps=max(remaining_steps, 1),
+            restart_delay_h=changeover_h,  # what this run's restarts measured
             epochs=None,
             deadline_h=None,
             budget_usd=None,

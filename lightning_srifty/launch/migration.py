@@ -79,8 +79,9 @@ class Decision:
     reason: str
 
 
-CandidateSource = Callable[[int, float], Candidates]
-"""``(remaining steps, elapsed hours) -> Candidates`` (the planner, re-run)."""
+CandidateSource = Callable[[int, float, float], Candidates]
+"""``(remaining steps, elapsed hours, changeover hours) -> Candidates`` (the planner,
+re-run, pricing a spot plan's restarts at the changeover)."""
 
 
 @dataclass
@@ -93,7 +94,9 @@ class PolicyDecider:
         home: The offer of the first plan (the policy's zone 0).
         target_steps: Steps the whole job needs.
         deadline_h: The deadline since launch (``None``: no deadline).
-        changeover_h: Restart and provisioning delay of a move.
+        changeover_h: Restart and provisioning delay of a move until this run has
+            measured one (``--restart-delay``); then the mean of the measured ones
+            (:meth:`observe_startup`).
         wait_h: How long a "wait" lasts before the policy is asked again.
     """
 
@@ -109,6 +112,21 @@ class PolicyDecider:
     """Decisions that found no spot offer available right after one that found some
     (the live stand-in for a market-wide outage)."""
     _any_up_before: bool = True
+    startups_h: list[float] = field(default_factory=list)
+    """Measured hours from each attempt's launch to its first step."""
+
+    @property
+    def changeover_now_h(self) -> float:
+        """The changeover the next move is priced at: what this run's launches took
+        (their mean), or the prior ``changeover_h`` before the first one stepped."""
+        if not self.startups_h:
+            return self.changeover_h
+        return sum(self.startups_h) / len(self.startups_h)
+
+    def observe_startup(self, hours: float) -> None:
+        """One attempt took ``hours`` from its launch to its first step."""
+        if math.isfinite(hours) and hours >= 0:
+            self.startups_h.append(hours)
 
     def record(self, key: OfferKey, ran_hours: float, preempted: bool) -> None:
         """Accounts one attempt on ``key`` (what the policy's rate estimates learn from)."""
@@ -138,7 +156,8 @@ class PolicyDecider:
             spot_up: False when the spot market is known to be down everywhere.
         """
         remaining = max(self.target_steps - steps_done, 1)
-        found = self.candidates(remaining, elapsed_h)
+        changeover_h = self.changeover_now_h
+        found = self.candidates(remaining, elapsed_h, changeover_h)
         spot = _one_per_offer(found.spot)
         others = [p for p in spot if plan_key(p) != self.home]
         home = next((p for p in spot if plan_key(p) == self.home), None)
@@ -184,7 +203,7 @@ class PolicyDecider:
             unsaved_hours=0.0,
             job_hours=(steps_done + work_left) * hours_per_step,
             deadline_hours=math.inf if self.deadline_h is None else self.deadline_h,
-            changeover_hours=self.changeover_h,
+            changeover_hours=changeover_h,
             changeover_left_hours=0.0,
             placement=ON_DEMAND if on_demand_now else IDLE,
             preempted=preempted,

@@ -613,12 +613,12 @@ def test_a_re_plan_after_a_preemption_prices_the_scripts_limits_left() -> None:
     assert request.script_stop is not None
     left = request.script_stop.after(400, 0.0)
     limited = _candidate_source(profile, small_catalog(), MODEL, request, (), lambda: left)
-    found = limited(1_600, 0.0)
+    found = limited(1_600, 0.0, request.restart_delay_h)
     assert found.spot and found.on_demand is not None
     for p in (*found.spot, found.on_demand):
         assert p.cluster.world_size >= 16 and p.stops_at_step is None, p.cluster.describe()
     free = _candidate_source(profile, small_catalog(), MODEL, request, (), lambda: None)
-    assert min(p.cluster.world_size for p in free(1_600, 0.0).spot) < 16
+    assert min(p.cluster.world_size for p in free(1_600, 0.0, request.restart_delay_h).spot) < 16
 
 
 def test_a_preemption_at_the_scripts_own_stop_re_plans_the_end_not_an_error() -> None:
@@ -634,7 +634,7 @@ def test_a_preemption_at_the_scripts_own_stop_re_plans_the_end_not_an_error() ->
     assert request.script_stop is not None
     spent = request.script_stop.after(630, 25.0)
     found = _candidate_source(profile, small_catalog(), MODEL, request, (), lambda: spent)(
-        1_370, 0.01
+        1_370, 0.01, request.restart_delay_h
     )
     assert found.spot and found.on_demand is not None
     assert {p.steps_to_target for p in (*found.spot, found.on_demand)} == {1}

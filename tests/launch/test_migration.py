@@ -46,7 +46,7 @@ ON_DEMAND = _plan("g4dn.xlarge", "usw2-az1", spot=False, hourly=1.0)
 def _decider(policy: str, spot=(HOME, OTHER), deadline_h: float | None = 10.0) -> PolicyDecider:
     return PolicyDecider(
         policy=make_policy(policy),
-        candidates=lambda remaining, elapsed: Candidates(tuple(spot), ON_DEMAND),
+        candidates=lambda remaining, elapsed, changeover: Candidates(tuple(spot), ON_DEMAND),
         home=plan_key(HOME),
         target_steps=3600 * 4,  # 4 hours of work at 1 s per step
         deadline_h=deadline_h,
@@ -151,7 +151,7 @@ def test_work_the_scripts_own_limits_leave_undone_does_not_count_against_the_dea
 
     def decide(home_share: float) -> Plan | None:
         decider = _decider("srifty", deadline_h=4.5)
-        decider.candidates = lambda remaining_, elapsed: Candidates(
+        decider.candidates = lambda remaining_, elapsed, changeover: Candidates(
             (stopping(HOME, home_share),), stopping(ON_DEMAND, 0.5)
         )
         return decider.decide(
@@ -160,6 +160,34 @@ def test_work_the_scripts_own_limits_leave_undone_does_not_count_against_the_dea
 
     assert decide(home_share=0.5) is None  # waits for spot: the work left fits
     assert decide(home_share=1.0) == stopping(ON_DEMAND, 0.5)  # the furthest plan counts
+
+
+def test_the_next_move_is_priced_at_the_changeover_this_run_measured() -> None:
+    """3 h of work left in 3.6 h: at the prior half-hour changeover a move and the slack
+    to follow spot do not fit, so srifty goes on-demand; once this run's launches have
+    taken 20 and 40 s, the move does fit and it follows spot. The re-plan prices its
+    spot restarts at the same measured changeover."""
+    asked: list[float] = []
+
+    def candidates(remaining: int, elapsed: float, changeover: float) -> Candidates:
+        asked.append(changeover)
+        return Candidates((HOME, OTHER), ON_DEMAND)
+
+    decider = dataclasses.replace(_decider("srifty", deadline_h=4.6), changeover_h=0.5)
+    decider.candidates = candidates
+
+    def move() -> Plan | None:
+        return decider.decide(
+            steps_done=3600, elapsed_h=1.0, cooling=frozenset({plan_key(HOME)}), preempted=True
+        ).plan
+
+    assert move() == ON_DEMAND
+    decider.observe_startup(20 / 3600)
+    decider.observe_startup(40 / 3600)
+    decider.observe_startup(float("nan"))  # not a duration: ignored
+    assert decider.changeover_now_h == pytest.approx(30 / 3600)
+    assert move() == OTHER
+    assert asked == [0.5, pytest.approx(30 / 3600)]
 
 
 def test_history_feeds_the_rate_estimates() -> None:

@@ -75,7 +75,7 @@ def _probe_model(
         backend=backend, script=str(SCRIPT), script_args=ARGS, run_dir=run_dir,
         checkpoint_uri=str(run_dir / "checkpoints"), target_steps=100,
         next_planner=PolicyDecider(
-            make_policy("on-demand"), lambda r, e: Candidates((), result.best),
+            make_policy("on-demand"), lambda r, e, c: Candidates((), result.best),
             plan_key(result.best), 100, None, 0.1, 1e-3,
         ),
         expectation_for=lambda p: Expectation(p.step_s, p.step_low_s, p.step_high_s, 0.0, 100),

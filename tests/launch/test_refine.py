@@ -234,7 +234,7 @@ def test_local_run_with_a_slowdown_on_shared_nodes_migrates_and_finishes(
 
     decider = PolicyDecider(
         policy=make_policy("on-demand"),
-        candidates=lambda remaining, elapsed: Candidates((), start.best),
+        candidates=lambda remaining, elapsed, changeover: Candidates((), start.best),
         home=plan_key(start.best),
         target_steps=300,
         deadline_h=None,

@@ -72,7 +72,7 @@ def run(
         backend.candidates = (first, OTHER, ON_DEMAND)
     decider = PolicyDecider(
         policy=make_policy("srifty"),
-        candidates=lambda remaining, elapsed: Candidates((HOME, OTHER), ON_DEMAND),
+        candidates=lambda remaining, elapsed, changeover: Candidates((HOME, OTHER), ON_DEMAND),
         home=plan_key(first),
         target_steps=TARGET,
         deadline_h=None,
@@ -188,6 +188,11 @@ def notice_then_terminated(o: Outcome) -> None:
     first = _launched(o)[0]
     assert first in o.fake.downs  # downed during the notice window, before AWS took it
     assert o.decider.history[plan_key(HOME)].interruptions == 1
+    # what each launch cost before its first step, provisioning included, is what the
+    # policy priced the move at (not the prior changeover)
+    assert len(o.decider.startups_h) == 2
+    for hours in o.decider.startups_h:
+        assert hours * 3600 >= ClusterScript().provision_s
 
 
 def notice_then_stopped(o: Outcome) -> None:

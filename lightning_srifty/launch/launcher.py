@@ -1263,11 +1263,14 @@ def _refiner(
     if not options.refine or options.backend == "sky-jobs":
         return None
 
-    def replan(refitted: PerformanceModel, remaining: int, elapsed_h: float) -> list[Plan]:
+    def replan(
+        refitted: PerformanceModel, remaining: int, elapsed_h: float, restart_h: float
+    ) -> list[Plan]:
         left = None if request.deadline_h is None else max(request.deadline_h - elapsed_h, 1e-3)
         rest = dataclasses.replace(
             request,
             target_steps=max(remaining, 1),
+            restart_delay_h=restart_h,  # this attempt's measured start-up
             epochs=None,
             deadline_h=left,
             top_k=10,

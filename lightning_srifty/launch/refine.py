@@ -33,8 +33,9 @@ from lightning_srifty.core.profile import Profile
 from lightning_srifty.core.units import format_hours, format_money
 from lightning_srifty.launch.migration import REPLANNED, Decision, plan_key
 
-Replanner = Callable[[PerformanceModel, int, float], Sequence[Plan]]
-"""``(model, remaining steps at the profiled scale, elapsed hours) -> plans``, best first."""
+Replanner = Callable[[PerformanceModel, int, float, float], Sequence[Plan]]
+"""``(model, remaining steps at the profiled scale, elapsed hours, restart hours) ->
+plans``, best first; spot plans price their restarts at the measured start-up."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,9 @@ class Refiner:
         stay_hours = stay_steps * stay_step / 3600.0
         stay_cost = stay_hours * plan.hourly_usd
         remaining = max(int(math.ceil(remaining_base)), 1)
-        ranked = [p for p in self.replan(model, remaining, elapsed_h) if p is not None]
+        ranked = [
+            p for p in self.replan(model, remaining, elapsed_h, startup_s / 3600.0) if p is not None
+        ]
         here = (plan_key(plan), plan.cluster.describe(), plan.use_spot)
         others = [p for p in ranked if (plan_key(p), p.cluster.describe(), p.use_spot) != here]
         moving_s = startup_s + self.checkpoint_s

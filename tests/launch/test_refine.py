@@ -76,7 +76,9 @@ def _profile(acc: str = "T4", step_s: float = 0.1) -> Profile:
 def _refiner(profile: Profile, offers: Sequence[Offer], cal: Calibration) -> Refiner:
     request = PlanRequest(target_steps=10_000, allow_spot=False, mixes=False, max_nodes=4)
 
-    def replan(model: PerformanceModel, remaining: int, elapsed_h: float) -> list[Plan]:
+    def replan(
+        model: PerformanceModel, remaining: int, elapsed_h: float, restart_h: float
+    ) -> list[Plan]:
         rest = dataclasses.replace(request, target_steps=max(remaining, 1))
         return list(plan(profile, offers, model, rest).plans)
 
@@ -90,6 +92,27 @@ def _pinned(profile: Profile, cal: Calibration, name: str, nodes: int) -> Plan:
     request = PlanRequest(target_steps=10_000, allow_spot=False, mixes=False)
     model = PerformanceModel(SPECS, cal)
     return plan_pinned(profile, [QUAD, SINGLE], model, request, [(name, nodes)]).best
+
+
+def test_the_re_plan_prices_restarts_at_this_attempts_measured_start_up() -> None:
+    """A spot alternative's restarts cost what starting this attempt took, not the
+    prior ``--restart-delay``."""
+    cal = load_default_calibration()
+    profile = _profile()
+    quad = _pinned(profile, cal, "quad", 1)
+    refiner = _refiner(profile, [QUAD, SINGLE], cal)
+    asked: list[float] = []
+    inner = refiner.replan
+
+    def recording(
+        model: PerformanceModel, remaining: int, elapsed_h: float, restart_h: float
+    ) -> Sequence[Plan]:
+        asked.append(restart_h)
+        return inner(model, remaining, elapsed_h, restart_h)
+
+    refiner.replan = recording
+    refiner.check(quad, 2 * quad.step_s, 9_000, 0.1, startup_s=90.0)
+    assert asked == [pytest.approx(90.0 / 3600.0)]
 
 
 def test_a_slow_shared_node_refits_colocation_and_moves_to_one_gpu_per_node() -> None:
@@ -215,7 +238,9 @@ def test_local_run_with_a_slowdown_on_shared_nodes_migrates_and_finishes(
     request = PlanRequest(target_steps=300, allow_spot=False, mixes=False, max_nodes=2)
     start = plan_pinned(profile, [duo, solo], PerformanceModel({}, cal), request, [("duo", 1)])
 
-    def replan(model: PerformanceModel, remaining: int, elapsed_h: float) -> list[Plan]:
+    def replan(
+        model: PerformanceModel, remaining: int, elapsed_h: float, restart_h: float
+    ) -> list[Plan]:
         rest = dataclasses.replace(request, target_steps=max(remaining, 1))
         return list(plan(profile, [duo, solo], model, rest).plans)
 

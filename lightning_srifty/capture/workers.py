@@ -37,28 +37,13 @@ this window: its workers keep the old race, and the server itself dies on SIGTER
 however and whenever it was built, wrapping whatever ``worker_init_fn`` a loader has
 (Lightning's seeding one included). The wrapper is a ``functools.partial`` of a
 module-level function, so it pickles for the ``spawn`` and ``forkserver`` start methods.
-
-A forked worker can also hang before it runs any Python: CPython before 3.11.10 (3.12.1)
-re-takes the interpreter's thread-list lock in the child before resetting it
-(``PyOS_AfterFork_Child`` → ``_PyEval_ReInitThreads`` → ``_PyThreadState_DeleteExcept``,
-python/cpython#112275), so a fork while another thread holds that lock (one creating or
-deleting its thread state: a gloo thread freeing a tensor takes the GIL from C++) leaves
-a child that waits forever, and the trainer with it, on its first batch. Seen here: a
-resumed two-rank run whose rank waited 17 minutes on a worker stuck in that frame. Every
-forked worker therefore reports in first (a byte on a pipe, :func:`report_started`); a
-worker that has not within :data:`WORKER_START_TIMEOUT_S` is killed and the iterator is
-built again, with the random state it was first built with, so the batches are the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import logging
-import os
-import select
 import signal
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -69,34 +54,13 @@ _CAN_MASK = hasattr(signal, "pthread_sigmask")
 _STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
 """Iterators whose workers were started here and may still run (for :func:`stop_workers`)."""
 
-WORKER_START_TIMEOUT_S = 30.0
-"""How long a forked worker may take to run its first line of Python (milliseconds when
-well; a loaded machine takes a second or two)."""
-WORKER_START_ATTEMPTS = 3
-"""Times an iterator is built before a worker that never starts is left to PyTorch."""
-
-log = logging.getLogger(__name__)
-
-
-def report_started(fd: int, worker_id: int) -> None:
-    """A forked worker's first act: one byte, its id, on the trainer's start-up pipe."""
-    with contextlib.suppress(OSError):
-        os.write(fd, bytes([worker_id % 256]))
-        os.close(fd)
-
 
 def ignore_sigterm_then(
-    init_fn: Callable[[int], None] | None,
-    worker_id: int,
-    *,
-    unblock: bool = False,
-    started_fd: int | None = None,
+    init_fn: Callable[[int], None] | None, worker_id: int, *, unblock: bool = False
 ) -> None:
-    """A worker's first act: report that it started (forked workers, ``started_fd``),
-    ignore SIGTERM (dropping one pending since it started), unblock it if the trainer
-    blocked it only to start this worker, then run the loader's own ``worker_init_fn``."""
-    if started_fd is not None:
-        report_started(started_fd, worker_id)
+    """A worker's first act: ignore SIGTERM (dropping one pending since it started),
+    unblock it if the trainer blocked it only to start this worker, then run the
+    loader's own ``worker_init_fn``."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if unblock and _CAN_MASK:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
@@ -117,41 +81,6 @@ def _restore_mask(previous: set[int] | None) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _start_method(loader: Any) -> str:
-    context = loader.multiprocessing_context
-    if context is None:
-        import multiprocessing
-
-        return str(multiprocessing.get_start_method(allow_none=False))
-    return str(context.get_start_method())
-
-
-def _not_started(read_fd: int, workers: int, timeout_s: float) -> set[int]:
-    """Worker ids that have not reported on the pipe within ``timeout_s``."""
-    missing = set(range(workers))
-    deadline = time.monotonic() + timeout_s
-    while missing:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([read_fd], [], [], left)[0]:
-            break
-        data = os.read(read_fd, 256)
-        if not data:
-            break
-        missing -= set(data)
-    return missing
-
-
-def _discard(iterator: Any) -> None:
-    """Ends an iterator's workers, killing those that ignore SIGTERM or never started."""
-    with contextlib.suppress(Exception):
-        iterator._shutdown_workers()
-    for worker in getattr(iterator, "_workers", ()):
-        with contextlib.suppress(Exception):
-            if worker.is_alive():
-                worker.kill()
-                worker.join(timeout=1.0)
-
-
 def _start_resource_tracker_first(loader: Any) -> None:
     """Starts multiprocessing's resource tracker now, outside the blocked window.
 
@@ -161,7 +90,14 @@ def _start_resource_tracker_first(loader: Any) -> None:
     SIGTERM around the spawn, then *unblocks* them), which would reopen the window for
     the workers started after it, and for a fork server started after it, for good.
     """
-    if _start_method(loader) != "fork":
+    context = loader.multiprocessing_context
+    if context is None:
+        import multiprocessing
+
+        method = multiprocessing.get_start_method(allow_none=False)
+    else:
+        method = context.get_start_method()
+    if method != "fork":
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
@@ -188,15 +124,9 @@ def keep_workers_through_sigterm() -> Callable[[], None]:
                 return
             # A worker unblocks only what this thread did not block already.
             unblock = previous is not None and signal.SIGTERM not in previous
-            forked = _start_method(loader) == "fork"
+            loader.worker_init_fn = functools.partial(ignore_sigterm_then, init_fn, unblock=unblock)
             try:
-                if forked:
-                    _start_checked(self, original, loader, init_fn, unblock, args, kwargs)
-                else:
-                    loader.worker_init_fn = functools.partial(
-                        ignore_sigterm_then, init_fn, unblock=unblock
-                    )
-                    original(self, loader, *args, **kwargs)
+                original(self, loader, *args, **kwargs)
             finally:
                 loader.worker_init_fn = init_fn
             _STARTED.add(self)
@@ -211,60 +141,6 @@ def keep_workers_through_sigterm() -> Callable[[], None]:
     return undo
 
 
-def _start_checked(
-    iterator: Any,
-    original: Callable[..., None],
-    loader: Any,
-    init_fn: Callable[[int], None] | None,
-    unblock: bool,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> None:
-    """Builds the iterator (forking its workers) until every worker has started, at most
-    :data:`WORKER_START_ATTEMPTS` times, each from the same random state."""
-    import torch
-
-    rng = torch.get_rng_state()
-    generator = getattr(loader, "generator", None)
-    own_rng = generator.get_state() if generator is not None else None
-    for attempt in range(1, WORKER_START_ATTEMPTS + 1):
-        read_fd, write_fd = os.pipe()
-        try:
-            loader.worker_init_fn = functools.partial(
-                ignore_sigterm_then, init_fn, unblock=unblock, started_fd=write_fd
-            )
-            original(iterator, loader, *args, **kwargs)
-            os.close(write_fd)
-            write_fd = -1
-            hung = _not_started(read_fd, int(iterator._num_workers), WORKER_START_TIMEOUT_S)
-        finally:
-            os.close(read_fd)
-            if write_fd >= 0:
-                os.close(write_fd)
-        if not hung:
-            return
-        pids = [iterator._workers[i].pid for i in sorted(hung)]
-        if attempt == WORKER_START_ATTEMPTS:
-            log.warning(
-                "DataLoader worker(s) %s did not start in %.0f s, %d times in a row; "
-                "left to PyTorch",
-                pids,
-                WORKER_START_TIMEOUT_S,
-                attempt,
-            )
-            return
-        log.warning(
-            "DataLoader worker(s) %s did not start in %.0f s (a fork that hung before "
-            "Python ran: python/cpython#112275 before 3.11.10); starting the workers again",
-            pids,
-            WORKER_START_TIMEOUT_S,
-        )
-        _discard(iterator)
-        torch.set_rng_state(rng)
-        if generator is not None:
-            generator.set_state(own_rng)
-
-
 def stop_workers() -> None:
     """Ends the workers of every iterator still running, as the iterator's own end would.
 
@@ -276,5 +152,11 @@ def stop_workers() -> None:
     that does not stop when told is killed (it ignores SIGTERM).
     """
     for iterator in list(_STARTED):
-        _discard(iterator)
+        with contextlib.suppress(Exception):
+            iterator._shutdown_workers()
+        for worker in getattr(iterator, "_workers", ()):
+            with contextlib.suppress(Exception):
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join(timeout=1.0)
     _STARTED.clear()

@@ -293,6 +293,9 @@ class ClusterScript:
     steps_per_s: float = 2.0
     crash_after_s: float | None = None
     """The user's code fails (exit 1) this long after training started."""
+    hang_after_s: float | None = None
+    """The user's code hangs (a deadlock) this long after training started: its
+    processes live on and print nothing more, the job stays RUNNING."""
     preempt_after_s: float | None = None
     """AWS reclaims the nodes: its notice comes this long after training started."""
     notice: bool = True
@@ -419,13 +422,19 @@ class FakeCluster:
             return None
         return self.notice_at + (self.script.notice_s if self.script.notice else 0.0)
 
+    @property
+    def hang_at(self) -> float:
+        """When the job stops making progress for good (never: infinity)."""
+        s = self.script
+        return math.inf if s.hang_after_s is None else self.run_at + s.hang_after_s
+
     def _job_end(self) -> tuple[float, str, int]:
         """(time, JobStatus value, exit code) the job ends with if nothing kills it."""
         s = self.script
         if s.setup_fails:
             return self.run_at, "FAILED_SETUP", 1
-        ends = [(self.run_at + math.ceil(max(self.target - self.start_step, 0) / s.steps_per_s),
-                 "SUCCEEDED", 0)]  # fmt: skip
+        finish = self.run_at + math.ceil(max(self.target - self.start_step, 0) / s.steps_per_s)
+        ends = [(finish if finish <= self.hang_at else math.inf, "SUCCEEDED", 0)]
         if s.crash_after_s is not None:
             ends.append((self.run_at + s.crash_after_s, "FAILED", 1))
         if self.notice_at is not None and s.notice:
@@ -452,7 +461,7 @@ class FakeCluster:
         return min(times)
 
     def step_at(self, t: float) -> int:
-        t = min(t, self.death_at())
+        t = min(t, self.death_at(), self.hang_at)
         if t <= self.run_at or self.script.setup_fails:
             return self.start_step
         gained = int((t - self.run_at) * self.script.steps_per_s)
@@ -537,7 +546,7 @@ class FakeCluster:
         step_s = 1.0 / self.script.steps_per_s
         moment = self.run_at + LOG_EVERY_S
         end, status, _ = self._job_end()
-        while moment <= min(limit, end):
+        while moment <= min(limit, end, self.hang_at):
             out.append(
                 (moment, ProgressEvent("step", wall0 + moment, self.step_at(moment), step_s))
             )
@@ -561,7 +570,7 @@ class FakeCluster:
         end, status, _ = self._job_end()
         saves = []
         moment = self.run_at + self.script.checkpoint_every_s
-        while moment < min(end, death):
+        while moment < min(end, death, self.hang_at):
             saves.append((moment, self.step_at(moment)))
             moment += self.script.checkpoint_every_s
         if end <= death and (status == "SUCCEEDED" or self._ends_with_save()):

@@ -539,6 +539,8 @@ class SriftyCallback(pl.Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        if self._session is not None:
+            self._session.validation_batch_ended(trainer)
         if self._validation_marks is None:
             return
         if pl_module.device.type == "cuda":

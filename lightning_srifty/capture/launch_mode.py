@@ -111,6 +111,7 @@ class LaunchSession:
         self._first_step = 0
         self._train_started_at: float | None = None
         self._validation_from: float | None = None
+        self._last_heartbeat = 0.0
         self._validation_s = 0.0
         """Wall time of this attempt's validation passes: not part of any step."""
         self._validation_s_at_report = 0.0
@@ -481,7 +482,17 @@ class LaunchSession:
 
     def validation_started(self) -> None:
         """A validation pass begins (not the sanity check): its time is no step's."""
-        self._validation_from = time.monotonic()
+        self._validation_from = self._last_heartbeat = time.monotonic()
+
+    def validation_batch_ended(self, trainer: pl.Trainer) -> None:
+        """A heartbeat at most every :data:`PROGRESS_EVERY_S` of a validation pass: a
+        pass longer than the launcher's stall timeout is alive, not hung."""
+        if self._validation_from is None:
+            return  # the sanity check runs before the first progress line: not watched
+        now = time.monotonic()
+        if now - self._last_heartbeat >= PROGRESS_EVERY_S:
+            self._last_heartbeat = now
+            self._report(trainer, "validating", self.steps, 0.0)
 
     def validation_ended(self) -> None:
         if self._validation_from is not None:

@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="local backend: SIGTERM-to-SIGKILL grace on revocation (default 30s, as "
         "SkyPilot's own kill of a job's processes)",
     )
+    p.add_argument(
+        "--stall-timeout",
+        default="15m",
+        help="relaunch a job from its newest checkpoint when it has written no progress "
+        "line (step, validation heartbeat, checkpoint) for this long while it runs, e.g. "
+        "30m; longer than your slowest checkpoint save or epoch-end work (default 15m; "
+        "'off': never)",
+    )
     p.add_argument("--local-procs", type=int, default=2, help="local backend: max processes")
     p.add_argument("--local-nodes", type=int, default=2, help="local backend: max nodes")
     p.add_argument(
@@ -257,6 +265,11 @@ def options_from_args(
         calibration=Path(args.calibration) if args.calibration else None,
         preemptions=preemptions,
         grace_s=parse_duration(args.grace, flag="--grace", default_unit="s"),
+        stall_timeout_s=(
+            None
+            if args.stall_timeout.strip().lower() == "off"
+            else parse_duration(args.stall_timeout, flag="--stall-timeout", default_unit="s")
+        ),
         local_max_nodes=args.local_nodes,
         local_max_procs=args.local_procs,
         policy=args.policy,

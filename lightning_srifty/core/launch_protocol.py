@@ -188,8 +188,11 @@ PROGRESS_EVENTS = (
     "done",
     "preempted",
     "collective",
+    "validating",
 )
-"""``collective``: a probe's all-reduce timings (:attr:`ProgressEvent.allreduce`)."""
+"""``collective``: a probe's all-reduce timings (:attr:`ProgressEvent.allreduce`).
+``validating``: a validation pass is running (a heartbeat while it lasts, so the
+launcher's stall watchdog does not take a long pass for a hang)."""
 
 
 @dataclass(frozen=True)

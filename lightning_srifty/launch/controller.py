@@ -17,6 +17,10 @@ What ends an attempt, and what the controller does about it:
 * **a move by the policy**: while on on-demand the policy is asked again every
   ``policy_every_s``; when it sends the job back to spot, the running job is drained
   (it saves a checkpoint on the signal) and relaunched there;
+* **a hang** (the job reported progress, then nothing for ``stall_timeout_s`` while
+  it runs: a deadlocked collective, a DataLoader worker stuck in its fork): stopped and
+  relaunched on the same plan from the newest checkpoint; it gives up when the job
+  hangs again without getting further;
 * anything else (the job failed, setup failed) ends the run with one line.
 
 Injected preemptions (the local backend's stand-in for the spot market) only ever hit
@@ -57,6 +61,10 @@ LOG_CATCH_UP_S = 10.0
 """How long to let a cloud job's log stream deliver its last lines after the job ended."""
 RECONNECT_MAX_S = 60.0
 """Longest wait between attempts to reopen a broken log stream."""
+STALL_STEPS = 10.0
+"""A job is not hung before this many of its predicted steps passed without a line."""
+HANGS_WITHOUT_PROGRESS = 2
+"""Relaunches after a hang that got no further before the run gives up on the job."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,8 @@ class AttemptReport:
     """Seconds from the launch call to the attempt's first training step (provisioning,
     set-up, checkpoint load): what starting on a new cluster cost this run; ``None``
     when the attempt never stepped."""
+    hung: str = ""
+    """Why the stall watchdog stopped the attempt (``""``: it did not)."""
 
     @property
     def resumed_from(self) -> str:
@@ -405,6 +415,11 @@ class Controller:
     capacity anywhere) before the run gives up; any progress resets the count."""
     grace_s: float = 30.0
     """SIGTERM to SIGKILL when a job is revoked or drained (SkyPilot waits 30 s)."""
+    stall_timeout_s: float | None = 900.0
+    """The stall watchdog: a running job that has reported progress and then writes no
+    progress line (step, validation heartbeat, checkpoint) for this long, or for
+    :data:`STALL_STEPS` predicted steps when longer, hangs. Nothing else would end it
+    (gloo waits 30 min, then fails the run). ``None``: never watched."""
     cooldown_attempts: int = 2
     """Attempts (or waits) during which a preempted offer counts as unavailable."""
     wait_s: float = 60.0
@@ -623,6 +638,17 @@ class Controller:
                 else:
                     why = f"policy move; {true_move(report.move_reason, plan, new_plan)}"
                 preempted_at = self.clock()
+            elif report.hung:
+                if stalled >= HANGS_WITHOUT_PROGRESS:
+                    raise LaunchError(
+                        f"gave up: the job hung again without getting past step {reached} "
+                        f"({report.hung}; {stalled + 1} hangs in a row on "
+                        f"{plan.cluster.describe()}); logs are in {self.run_dir}; continue "
+                        f"with `srifty-launch --resume {self.run_dir}`"
+                    )
+                new_plan = plan
+                why = f"hung ({report.hung}); relaunched on the same plan"
+                preempted_at = self.clock()
             else:
                 if report.state is not JobState.PREEMPTED:
                     detail = f"; {report.detail}" if report.detail else ""
@@ -751,11 +777,22 @@ class Controller:
         state = JobState.PENDING
         keep = False
         ended = False
+        heard, heard_at = 0, t0
+        hung = ""
         try:
             while True:
                 state = self.backend.status(handle)
                 progress.poll()
                 now = self.clock()
+                if len(progress.events) != heard or state is not JobState.RUNNING:
+                    heard, heard_at = len(progress.events), now
+                elif heard and now - heard_at > self._stall_limit_s(expect):
+                    hung = (
+                        f"no progress line for {now - heard_at:.0f} s after step "
+                        f"{max(e.step for e in progress.events)}"
+                    )
+                    log.warning("the job hangs (%s): stopping it", hung)
+                    break
                 if self.on_update:
                     self.on_update(
                         plan,
@@ -847,7 +884,13 @@ class Controller:
             recoveries=int(count(handle)) if count is not None else 0,
             placements=tuple(where(handle)) if where is not None else (),
             startup_s=None if first_step_at is None else first_step_at - launched,
+            hung=hung,
         )
+
+    def _stall_limit_s(self, expect: Expectation) -> float:
+        if self.stall_timeout_s is None:
+            return float("inf")
+        return max(self.stall_timeout_s, STALL_STEPS * expect.high_s)
 
     def _refine(
         self,
@@ -907,8 +950,8 @@ def _with_resume(
     clock through the pair of readings (``mono_now``, ``wall_now``) taken together.
     """
     first_progress = next((e for e in report.events if e.event in ("resumed", "step")), None)
-    resumed_step = next(
-        (e.step for e in report.events if e.event == "resumed"), migration.resumed_step
+    resumed_step = next(  # "start": no checkpoint yet, it began again
+        (e.step for e in report.events if e.event in ("resumed", "start")), migration.resumed_step
     )
     lost = migration.lost_s
     if first_progress is not None:

@@ -118,6 +118,9 @@ class LaunchOptions:
     grace_s: float = 30.0
     """SIGTERM to SIGKILL on a local revocation: SkyPilot's own 30 s
     (``sky/skylet/subprocess_daemon.py: kill_process_tree``)."""
+    stall_timeout_s: float | None = 900.0
+    """``--stall-timeout``: a running job silent this long hangs and is relaunched (see
+    :attr:`.Controller.stall_timeout_s`); ``None``: never."""
     local_max_nodes: int = 2
     local_max_procs: int = 2
     policy: str = "srifty"
@@ -428,6 +431,7 @@ def _run_launch(
             preemptions=options.preemptions,
             on_migration=ui.migration,
             grace_s=options.grace_s,
+            stall_timeout_s=options.stall_timeout_s,
             checkpoint_interval_s=interval_s,
             progress_is_local=local is not None,
             first_attempt=next_attempt(run_dir),

@@ -68,7 +68,7 @@ _MANAGED_STATES = {
     "SUBMITTED": JobState.PENDING,
     "STARTING": JobState.PENDING,
     "RUNNING": JobState.RUNNING,
-    "RECOVERING": JobState.RUNNING,
+    "RECOVERING": JobState.PENDING,  # waiting for nodes again: no progress is due
     "WINDING_DOWN": JobState.RUNNING,
     "CANCELLING": JobState.RUNNING,
     "SUCCEEDED": JobState.SUCCEEDED,

@@ -195,6 +195,33 @@ def notice_then_terminated(o: Outcome) -> None:
         assert hours * 3600 >= ClusterScript().provision_s
 
 
+def hangs_then_relaunched(o: Outcome) -> None:
+    """The job hung 200 s into training on an UP cluster: the watchdog took that
+    cluster down after the stall timeout and ran the same plan again from the newest
+    checkpoint; the spot market heard of no preemption."""
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("hung (no progress line for "), move.reason
+    assert move.from_plan == move.to_plan
+    assert summary.attempts[0].hung and summary.attempts[1].hung == ""
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.downed_at is not None
+    silent = first.downed_at - first.hang_at
+    assert o.controller.stall_timeout_s is not None
+    assert o.controller.stall_timeout_s <= silent <= o.controller.stall_timeout_s + 60.0
+    assert move.resumed_step == first.stored_step(first.downed_at) > 0
+    assert o.decider.history[plan_key(HOME)].interruptions == 0
+    _assert_all_down(o)
+
+
+def hangs_again_without_progress(o: Outcome) -> None:
+    """Hung at the same step three times in a row: the run gives up in one line."""
+    assert o.summary is None
+    assert "gave up: the job hung again without getting past step" in o.error, o.error
+    assert len(o.fake.launched) == 3
+    _assert_all_down(o)
+
+
 def notice_then_stopped(o: Outcome) -> None:
     notice_then_terminated(o)
 
@@ -394,6 +421,16 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         {},
         notice_then_terminated,
     ),
+    "job-hangs-then-relaunched": (
+        [ClusterScript(hang_after_s=200, checkpoint_every_s=100), ClusterScript()],
+        {},
+        hangs_then_relaunched,
+    ),
+    "job-hangs-every-time": (
+        [ClusterScript(hang_after_s=200, checkpoint_every_s=1e9)] * 3,
+        {},
+        hangs_again_without_progress,
+    ),
     "notice-then-stopped": (
         [ClusterScript(preempt_after_s=300, reclaim="stop"), ClusterScript()],
         {},
@@ -542,6 +579,14 @@ def managed_recovers_from_reclaim(o: Outcome) -> None:
     assert summary.recoveries == 1
 
 
+def managed_slow_recovery_is_no_hang(o: Outcome) -> None:
+    """SkyPilot's recovery took longer than the stall timeout (20 min to provision):
+    RECOVERING is waiting for nodes, not a hang, so the watchdog let it be."""
+    summary = _completed(o)
+    assert summary.recoveries == 1 and summary.migrations == ()
+    assert all(not a.hung for a in summary.attempts)
+
+
 def managed_no_capacity_then_next_resource(o: Outcome) -> None:
     summary = _completed(o)
     assert summary.recoveries == 0
@@ -609,6 +654,11 @@ MANAGED: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcome]
         [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],
         {},
         managed_recovers_from_reclaim,
+    ),
+    "slow-recovery-is-no-hang": (
+        [ClusterScript(preempt_after_s=300, notice=False), ClusterScript(provision_s=1200.0)],
+        {},
+        managed_slow_recovery_is_no_hang,
     ),
     "no-capacity-then-next-resource": (
         [ClusterScript(no_capacity=True), ClusterScript()],

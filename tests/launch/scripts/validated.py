@@ -3,6 +3,8 @@
 40 training batches an epoch and 5 validation batches a pass by default;
 ``VAL_SLEEP_S=<s>`` makes every validation batch take at least that long (a pass worth
 pricing on any machine), ``TRAIN_SLEEP_S=<s>`` every training batch.
+``HANG_AT_STEP=<n>`` with ``HANG_MARKER=<path>``: the first process to reach optimizer
+step n hangs there for good (a deadlock), once: it leaves the marker file behind.
 ``benchmarks/bench_validation_pricing.py`` sizes it with the flags below
 (``--val-samples 0`` turns validation off). ``--early-stop-patience P`` adds Lightning's
 ``EarlyStopping`` on ``val_loss`` with a ``min_delta`` no pass meets: training stops
@@ -39,6 +41,11 @@ class Regressor(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         time.sleep(float(os.environ.get("TRAIN_SLEEP_S", "0")))
+        hang_at, marker = os.environ.get("HANG_AT_STEP"), os.environ.get("HANG_MARKER", "")
+        if hang_at and self.global_step == int(hang_at) and not os.path.exists(marker):
+            open(marker, "w").close()
+            while True:
+                time.sleep(3600)
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
 

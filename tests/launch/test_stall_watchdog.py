@@ -1,0 +1,74 @@
+"""The launcher's stall watchdog, on a real job that hangs.
+
+Real command line, real profiling run, real ``torchrun`` worker on 127.0.0.1. The
+script hangs for good at one step of its first training attempt (a deadlocked collective
+or a DataLoader worker stuck in its fork look the same from outside: no progress line,
+ever). Nothing in the job ends it; gloo would fail it after 30 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lightning_srifty.cli import launch_cmd
+from tests.launch.e2e import attempt_logs, events, only_run
+
+pytestmark = pytest.mark.slow
+
+VALIDATED = str(Path(__file__).resolve().parent / "scripts" / "validated.py")
+BASE = ["--yes", "--catalog", "bundled"]
+HANG_AT = 170
+
+
+def test_a_hung_job_is_relaunched_from_its_checkpoint_and_a_long_validation_is_not_a_hang(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every validation pass (3 batches of 1.5 s, at every 40th step) is longer than the
+    3 s stall timeout, and alive: its heartbeats keep it from being taken for a hang.
+    The hang at step 170 (after the pass at step 160) is one: the job is stopped after
+    3 s of silence, relaunched on the same plan from the newest checkpoint, and reaches
+    its target."""
+    marker = in_tmp / "hung-once"
+    monkeypatch.setenv("VAL_SLEEP_S", "1.5")
+    monkeypatch.setenv("HANG_AT_STEP", str(HANG_AT))
+    monkeypatch.setenv("HANG_MARKER", str(marker))
+    code = launch_cmd.main(
+        [VALIDATED, "--val-samples", "12", "--profile-steps", "30", "--target-steps", "240",
+         "--cluster", "g4dn.xlarge:1", "--no-refine", "--stall-timeout", "3s", *BASE]
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert code == 0, err[-3000:] + "\n" + attempt_logs(in_tmp)
+    assert marker.exists()  # it did hang
+    run = only_run(in_tmp)
+    moves = [json.loads(line) for line in (run / "migrations.jsonl").read_text().splitlines()]
+    assert len(moves) == 1, moves  # the hang, and no validation pass
+    (move,) = moves
+    assert move["reason"].startswith("hung (no progress line for "), move
+    assert move["from_plan"] == move["to_plan"]
+    hung = events(run, "progress-1.jsonl")
+    last_reported = max(e.step for e in hung)  # lines come once a second at most
+    assert last_reported <= HANG_AT
+    assert [e for e in hung if e.event == "validating"]  # the pass before it beat
+    relaunched = events(run, "progress-2.jsonl")
+    resumed = next(e for e in relaunched if e.event == "resumed")
+    assert 0 < resumed.step <= HANG_AT  # the newest checkpoint, not step 0
+    assert move["resumed_step"] == resumed.step
+    assert relaunched[-1].event == "done" and relaunched[-1].step == 240
+    said = re.search(r"hung \(no progress line for (\d+) s after step (\d+)\)", out + err)
+    assert said and int(said.group(1)) >= 3 and int(said.group(2)) == last_reported
+
+
+def test_a_bad_stall_timeout_is_refused_by_name(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = launch_cmd.main(
+        [VALIDATED, "--target-steps", "10", "--stall-timeout", "soon", "--dry-run", *BASE]
+    )
+    _, err = capfd.readouterr()
+    assert code != 0
+    assert "--stall-timeout 'soon' is not a duration" in err
+    assert "Traceback" not in err

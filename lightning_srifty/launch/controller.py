@@ -109,9 +109,9 @@ class AttemptReport:
     (as its queue showed the launched resources), so a summary can say which offer a
     recovery moved to."""
     startup_s: float | None = None
-    """Seconds from the launch call to the attempt's first training step (provisioning,
+    """Seconds from the launch call to the attempt's first progress line (provisioning,
     set-up, checkpoint load): what starting on a new cluster cost this run; ``None``
-    when the attempt never stepped."""
+    when training never began."""
     hung: str = ""
     """Why the stall watchdog stopped the attempt (``""``: it did not)."""
 
@@ -458,6 +458,9 @@ class Controller:
     """Steps at the profiled scale that one step of the processes running a plan is worth."""
     resume_step: Callable[[], int] | None = None
     """The step of the newest checkpoint, where the next attempt resumes."""
+    on_startup: Callable[[float], None] | None = None
+    """Told each attempt's measured start-up in seconds (the launcher keeps them in the
+    run folder, so a ``--resume`` prices its moves at them too)."""
     ledger_path: Path | None = None
     """Where the ledger is kept between attempts (``--resume`` continues from it)."""
     step_limit_for: Callable[[Plan], int | None] | None = None
@@ -608,6 +611,8 @@ class Controller:
             if report.startup_s is not None:
                 # the policy prices its next move at what this run's moves take
                 self.next_planner.observe_startup(report.startup_s / 3600.0)
+                if self.on_startup is not None:
+                    self.on_startup(report.startup_s)
             stalled = 0 if report.last_step > reached else stalled + 1
             reached = max(reached, report.last_step)
             spot_event = plan.use_spot and report.state is JobState.PREEMPTED
@@ -773,6 +778,7 @@ class Controller:
         injected = False
         refined = self.refiner is None
         first_step_at: float | None = None
+        began_at: float | None = None
         moved: Decision | None = None
         state = JobState.PENDING
         keep = False
@@ -784,6 +790,8 @@ class Controller:
                 state = self.backend.status(handle)
                 progress.poll()
                 now = self.clock()
+                if began_at is None and any(e.event in _BEGAN for e in progress.events):
+                    began_at = now  # seen at this poll (a short job may end at the same)
                 if len(progress.events) != heard or state is not JobState.RUNNING:
                     heard, heard_at = len(progress.events), now
                 elif heard and now - heard_at > self._stall_limit_s(expect):
@@ -815,7 +823,8 @@ class Controller:
                     and reached < self.target_steps
                 ):
                     refined = True
-                    moved = self._refine(plan, steady, reached, started, first_step_at - launched)
+                    assert began_at is not None  # a step line follows the start line
+                    moved = self._refine(plan, steady, reached, started, began_at - launched)
                     if moved is not None:
                         self._drain(handle)
                         continue
@@ -883,7 +892,7 @@ class Controller:
             detail=str(detail or ""),
             recoveries=int(count(handle)) if count is not None else 0,
             placements=tuple(where(handle)) if where is not None else (),
-            startup_s=None if first_step_at is None else first_step_at - launched,
+            startup_s=None if began_at is None else began_at - launched,
             hung=hung,
         )
 
@@ -917,6 +926,11 @@ class Controller:
             self.backend.stop(handle)
             return
         drain(handle, grace_s=self.grace_s)
+
+
+_BEGAN = ("start", "resumed", "step", "done")
+"""Progress lines that say training has begun (the callback's ``on_train_start``, after
+the checkpoint loaded, writes the first; a step or the end stands in if it was lost)."""
 
 
 def _cool_down(cooling: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:

@@ -67,7 +67,13 @@ from lightning_srifty.launch.migration import (
 )
 from lightning_srifty.launch.profiling import ProfileRun, run_profile
 from lightning_srifty.launch.refine import Refiner
-from lightning_srifty.launch.runs import claim_run_dir, next_attempt, write_run_record
+from lightning_srifty.launch.runs import (
+    claim_run_dir,
+    next_attempt,
+    read_startups,
+    record_startup,
+    write_run_record,
+)
 
 if TYPE_CHECKING:
     from lightning_srifty.io.checkpoint_store import CheckpointRef, CheckpointStore
@@ -395,6 +401,13 @@ def _run_launch(
     )
     if options.backend == "sky-jobs":
         policy_every_s = None  # SkyPilot's jobs controller decides where the job runs
+    measured_startups = [s for _, s in read_startups(run_dir, options.backend)]
+    if measured_startups:
+        ui.info(
+            f"a move is priced at the start-ups this run measured on the {options.backend} "
+            f"backend: {len(measured_startups)}, mean "
+            f"{sum(measured_startups) / len(measured_startups):.0f} s (not --restart-delay)"
+        )
 
     def make_controller(
         chosen: Plan,
@@ -422,7 +435,10 @@ def _run_launch(
                 deadline_h=request.deadline_h,
                 changeover_h=request.restart_delay_h,
                 wait_h=wait_s / 3600.0,
+                # a resumed run's moves are priced at what its earlier launches took
+                startups_h=[s / 3600.0 for s in measured_startups],
             ),
+            on_startup=lambda seconds: record_startup(run_dir, options.backend, seconds),
             wait_s=wait_s,
             on_wait=lambda why, s: ui.info(f"waiting {s:.0f} s for spot ({why})"),
             expectation_for=lambda p: _expectation(

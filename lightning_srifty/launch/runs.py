@@ -111,6 +111,41 @@ def read_run_record(folder: Path) -> RunRecord:
     return RunRecord(tuple(argv), r.str("created_at", ""))
 
 
+STARTUPS_FILE = "startups.json"
+STARTUPS_SCHEMA_VERSION = 1
+
+
+def record_startup(folder: Path, backend: str, seconds: float) -> None:
+    """Adds one attempt's measured start-up (launch call to first step) to the run's
+    ``startups.json``, so a ``--resume`` prices its moves at them as the run did."""
+    kept = read_startups(folder)
+    entries = [{"backend": b, "seconds": s} for b, s in kept] + [
+        {"backend": backend, "seconds": seconds}
+    ]
+    write_json_atomic(
+        folder / STARTUPS_FILE,
+        {"schema_version": STARTUPS_SCHEMA_VERSION, "kind": "srifty-startups", "startups": entries},
+    )
+
+
+def read_startups(folder: Path, backend: str | None = None) -> tuple[tuple[str, float], ...]:
+    """``(backend, seconds)`` of every start-up the run measured (only ``backend``'s when
+    given: a start-up on this machine says nothing about a cloud launch); ``()`` when
+    none was recorded."""
+    path = folder / STARTUPS_FILE
+    if not path.is_file():
+        return ()
+    r = Reader(read_json(path, SchemaError), source=str(path))
+    check_version(r, STARTUPS_SCHEMA_VERSION, kind="start-up record")
+    out = []
+    for entry in r.children("startups"):
+        name = entry.str("backend")
+        seconds = entry.float("seconds", minimum=0.0)
+        if backend is None or name == backend:
+            out.append((name, seconds))
+    return tuple(out)
+
+
 def next_attempt(folder: Path) -> int:
     """The first attempt number not used in ``folder`` (attempts of a resumed run follow
     the earlier ones; nothing is overwritten)."""

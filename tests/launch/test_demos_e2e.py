@@ -18,6 +18,7 @@ import pytest
 from lightning_srifty.cli import launch_cmd
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.io.profile_io import load_profile
+from lightning_srifty.launch.runs import read_startups, record_startup
 from tests.launch.e2e import events, only_run
 
 pytestmark = pytest.mark.slow
@@ -143,9 +144,18 @@ def test_dry_run_then_resume_trains_without_profiling_again(
     profiled = (run / "profile-progress.jsonl").read_text()
     assert json.loads((run / "run.json").read_text())["argv"][0] == str(SCRIPT)
 
+    # start-ups an earlier launch of the run measured: the local ones price its moves
+    record_startup(run, "local", 4.0)
+    record_startup(run, "sky", 400.0)
+    record_startup(run, "local", 6.0)
     code, out, err = launch(["--resume", "r"], capfd)
     assert code == 0, err[-3000:]
     assert "resuming r from step 25" in out
+    assert "start-ups this run measured on the local backend: 2, mean 5 s" in out
+    kept = read_startups(run)
+    assert kept[:3] == (("local", 4.0), ("sky", 400.0), ("local", 6.0))
+    (ran,) = kept[3:]  # the resumed attempt's own, from its launch call to its first step
+    assert ran[0] == "local" and ran[1] > 0
     # The plan prices what the resumed run trains: the 25 steps left, not all 50.
     assert "the plans price the 25 steps left of its 50" in out
     assert (run / "profile-progress.jsonl").read_text() == profiled  # no second profile

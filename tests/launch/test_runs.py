@@ -15,6 +15,8 @@ from lightning_srifty.launch.runs import (
     default_run_dir,
     next_attempt,
     read_run_record,
+    read_startups,
+    record_startup,
     write_run_record,
 )
 
@@ -66,6 +68,24 @@ def test_run_record_round_trip_and_bad_folders(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(json.dumps({"schema_version": 1, "argv": "x"}))
     with pytest.raises(SchemaError, match="argv"):
         read_run_record(tmp_path)
+
+
+def test_start_ups_are_kept_per_backend_and_a_bad_record_is_named(tmp_path: Path) -> None:
+    assert read_startups(tmp_path) == ()
+    record_startup(tmp_path, "local", 3.5)
+    record_startup(tmp_path, "sky", 240.0)
+    assert read_startups(tmp_path) == (("local", 3.5), ("sky", 240.0))
+    assert read_startups(tmp_path, "sky") == (("sky", 240.0),)
+    assert read_startups(tmp_path, "sky-jobs") == ()
+    path = tmp_path / "startups.json"
+    data = json.loads(path.read_text())
+    data["startups"][1]["seconds"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(SchemaError, match=r"startups\.json.*startups\[1\]\.seconds"):
+        read_startups(tmp_path)
+    path.write_text(json.dumps({"schema_version": 9, "startups": []}))
+    with pytest.raises(SchemaError, match="schema_version"):
+        read_startups(tmp_path)
 
 
 def test_recorded_command_drops_this_launch_only_options(tmp_path: Path) -> None:

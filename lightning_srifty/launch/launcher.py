@@ -615,6 +615,7 @@ def _profile_for(
         run_dir=run_dir,
         checkpoint_uri=uri,
         extra_env=profile_env,
+        stall_timeout_s=options.stall_timeout_s,
     )
 
 

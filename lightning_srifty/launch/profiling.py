@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,40 @@ class ProfileRun:
     """The script's rule that ended it, in words."""
 
 
+POLL_S = 0.5
+
+
+def _wait_watching(
+    process: subprocess.Popen[bytes],
+    progress: Path,
+    script: str,
+    timeout_s: float | None,
+    stall_timeout_s: float | None,
+) -> int:
+    """Waits for the profiling run's exit code; raises when it runs past ``timeout_s``
+    or its progress file stops growing for ``stall_timeout_s`` after its first line."""
+    started = heard_at = time.monotonic()
+    size = 0
+    while True:
+        try:
+            return process.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if timeout_s is not None and now - started > timeout_s:
+            raise LaunchError(f"{script} did not finish profiling within {timeout_s:.0f} s")
+        grown = progress.stat().st_size if progress.exists() else 0
+        if grown != size:
+            size, heard_at = grown, now
+        elif size and stall_timeout_s is not None and now - heard_at > stall_timeout_s:
+            raise LaunchError(
+                f"{script} hung while profiled: no progress line for {now - heard_at:.0f} s "
+                "(--stall-timeout); it was stopped and nothing was launched. Run it again; "
+                "if a checkpoint save or epoch-end work of its own takes longer, raise "
+                "--stall-timeout"
+            )
+
+
 def profile_env(
     *, run_dir: Path, checkpoint_uri: str, extra: Mapping[str, str] | None = None
 ) -> dict[str, str]:
@@ -66,12 +101,18 @@ def run_profile(
     extra_env: Mapping[str, str] | None = None,
     python: str = sys.executable,
     timeout_s: float | None = None,
+    stall_timeout_s: float | None = None,
 ) -> ProfileRun:
     """Runs ``script`` once in profile mode and returns its profile.
 
+    Args:
+        stall_timeout_s: The run hangs once it has written a progress line and then
+            none for this long (``--stall-timeout``); it is killed and the launch stops.
+            ``None``: never watched.
+
     Raises:
-        LaunchError: the script is missing, crashed, has no ``SriftyCallback``, or
-            ended before the profiling window completed. The message says which.
+        LaunchError: the script is missing, crashed, hung, has no ``SriftyCallback``,
+            or ended before the profiling window completed. The message says which.
     """
     path = Path(script)
     if not path.is_file():
@@ -80,18 +121,20 @@ def run_profile(
     state_dir = Path(env[proto.ENV_STATE_DIR])
     state_dir.mkdir(parents=True, exist_ok=True)
     profile_path = Path(env[proto.ENV_PROFILE_PATH])
+    process = subprocess.Popen(  # noqa: S603 - argv list; args reach the script verbatim
+        [python, "-m", PROFILE_ENTRY, str(path), *script_args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     try:
-        completed = subprocess.run(  # noqa: S603 - argv list; args reach the script verbatim
-            [python, "-m", PROFILE_ENTRY, str(path), *script_args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout_s,
-            check=False,
+        code = _wait_watching(
+            process, Path(env[proto.ENV_PROGRESS_PATH]), script, timeout_s, stall_timeout_s
         )
-    except subprocess.TimeoutExpired:
-        raise LaunchError(f"{script} did not finish profiling within {timeout_s:.0f} s") from None
+    finally:
+        if process.poll() is None:
+            process.kill()  # its DataLoader workers end with it
+            process.wait()
     attached = (state_dir / proto.ATTACHED_MARKER).exists()
-    code = completed.returncode
     if (state_dir / proto.NO_CALLBACK_MARKER).exists():
         raise LaunchError(f"{script}: {proto.NO_CALLBACK_MESSAGE}")
     if code != 0:

@@ -62,6 +62,26 @@ def test_a_hung_job_is_relaunched_from_its_checkpoint_and_a_long_validation_is_n
     assert said and int(said.group(1)) >= 3 and int(said.group(2)) == last_reported
 
 
+def test_a_profiling_run_that_hangs_is_stopped_in_one_line(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The profiling run (one process on this machine) hangs at step 10: it is killed
+    after the stall timeout, and the launch stops with one line, launching nothing."""
+    marker = in_tmp / "hung-once"
+    monkeypatch.setenv("HANG_AT_STEP", "10")
+    monkeypatch.setenv("HANG_MARKER", str(marker))
+    code = launch_cmd.main(
+        [VALIDATED, "--target-steps", "200", "--cluster", "g4dn.xlarge:1", "--stall-timeout",
+         "3s", *BASE]
+    )  # fmt: skip
+    _, err = capfd.readouterr()
+    assert code != 0 and marker.exists()
+    assert "validated.py hung while profiled: no progress line for 3 s" in err, err[-2000:]
+    assert "Traceback" not in err
+    run = only_run(in_tmp)
+    assert not list(run.glob("progress-*.jsonl"))  # no training attempt was launched
+
+
 def test_a_bad_stall_timeout_is_refused_by_name(
     in_tmp: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

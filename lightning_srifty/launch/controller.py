@@ -794,7 +794,12 @@ class Controller:
                     began_at = now  # seen at this poll (a short job may end at the same)
                 if len(progress.events) != heard or state is not JobState.RUNNING:
                     heard, heard_at = len(progress.events), now
-                elif heard and now - heard_at > self._stall_limit_s(expect):
+                elif (
+                    heard
+                    and not injected  # told to stop: saving, not hung
+                    and moved is None
+                    and now - heard_at > self._stall_limit_s(expect)
+                ):
                     hung = (
                         f"no progress line for {now - heard_at:.0f} s after step "
                         f"{max(e.step for e in progress.events)}"

@@ -407,6 +407,8 @@ class Controller:
     on_migration: Callable[[Migration], None] | None = None
     on_wait: Callable[[str, float], None] | None = None
     """Told when the policy waits for spot: its reason and the seconds it waits."""
+    on_silence: Callable[[str], None] | None = None
+    """Told once when a running job has been silent for half the stall timeout."""
     poll_s: float = 0.5
     max_attempts: int | None = None
     """Attempts before giving up (``--max-attempts``); ``None``: no cap."""
@@ -784,6 +786,7 @@ class Controller:
         keep = False
         ended = False
         heard, heard_at = 0, t0
+        warned = False
         hung = ""
         try:
             while True:
@@ -792,20 +795,22 @@ class Controller:
                 now = self.clock()
                 if began_at is None and any(e.event in _BEGAN for e in progress.events):
                     began_at = now  # seen at this poll (a short job may end at the same)
+                limit = self._stall_limit_s(expect)
+                silent = now - heard_at
                 if len(progress.events) != heard or state is not JobState.RUNNING:
-                    heard, heard_at = len(progress.events), now
-                elif (
-                    heard
-                    and not injected  # told to stop: saving, not hung
-                    and moved is None
-                    and now - heard_at > self._stall_limit_s(expect)
-                ):
-                    hung = (
-                        f"no progress line for {now - heard_at:.0f} s after step "
-                        f"{max(e.step for e in progress.events)}"
-                    )
-                    log.warning("the job hangs (%s): stopping it", hung)
-                    break
+                    heard, heard_at, warned = len(progress.events), now, False
+                elif heard and not injected and moved is None:  # told to stop: saving
+                    last = max(e.step for e in progress.events)
+                    if silent > limit:
+                        hung = f"no progress line for {silent:.0f} s after step {last}"
+                        log.warning("the job hangs (%s): stopping it", hung)
+                        break
+                    if silent > limit / 2 and not warned:
+                        warned = True
+                        (self.on_silence or log.warning)(
+                            f"no progress line for {silent:.0f} s after step {last}: taken "
+                            f"as a hang and relaunched at {limit:.0f} s (--stall-timeout)"
+                        )
                 if self.on_update:
                     self.on_update(
                         plan,

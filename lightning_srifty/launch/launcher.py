@@ -446,6 +446,7 @@ def _run_launch(
             ),
             preemptions=options.preemptions,
             on_migration=ui.migration,
+            on_silence=ui.info,
             grace_s=options.grace_s,
             stall_timeout_s=options.stall_timeout_s,
             checkpoint_interval_s=interval_s,

@@ -60,6 +60,8 @@ def test_a_hung_job_is_relaunched_from_its_checkpoint_and_a_long_validation_is_n
     assert relaunched[-1].event == "done" and relaunched[-1].step == 240
     said = re.search(r"hung \(no progress line for (\d+) s after step (\d+)\)", out + err)
     assert said and int(said.group(1)) >= 3 and int(said.group(2)) == last_reported
+    # half-way through the silence the user was told what would happen
+    assert f"no progress line for 2 s after step {last_reported}: taken as a hang" in out
 
 
 def test_a_profiling_run_that_hangs_is_stopped_in_one_line(

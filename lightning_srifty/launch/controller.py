@@ -61,6 +61,9 @@ LOG_CATCH_UP_S = 10.0
 """How long to let a cloud job's log stream deliver its last lines after the job ended."""
 RECONNECT_MAX_S = 60.0
 """Longest wait between attempts to reopen a broken log stream."""
+STALL_TIMEOUT_S = 900.0
+"""``--stall-timeout``'s default (15 min): a healthy job writes a line every second
+unless a checkpoint save or its own epoch-end work runs that long."""
 STALL_STEPS = 10.0
 """A job is not hung before this many of its predicted steps passed without a line."""
 HANGS_WITHOUT_PROGRESS = 2
@@ -417,7 +420,7 @@ class Controller:
     capacity anywhere) before the run gives up; any progress resets the count."""
     grace_s: float = 30.0
     """SIGTERM to SIGKILL when a job is revoked or drained (SkyPilot waits 30 s)."""
-    stall_timeout_s: float | None = 900.0
+    stall_timeout_s: float | None = STALL_TIMEOUT_S
     """The stall watchdog: a running job that has reported progress and then writes no
     progress line (step, validation heartbeat, checkpoint) for this long, or for
     :data:`STALL_STEPS` predicted steps when longer, hangs. Nothing else would end it
@@ -800,7 +803,7 @@ class Controller:
                 if len(progress.events) != heard or state is not JobState.RUNNING:
                     heard, heard_at, warned = len(progress.events), now, False
                 elif heard and not injected and moved is None:  # told to stop: saving
-                    last = max(e.step for e in progress.events)
+                    last = progress.events[-1].step  # steps only grow within an attempt
                     if silent > limit:
                         hung = f"no progress line for {silent:.0f} s after step {last}"
                         log.warning("the job hangs (%s): stopping it", hung)

@@ -55,7 +55,13 @@ from lightning_srifty.core.steps import StepLedger
 from lightning_srifty.core.units import format_hours, format_money, format_seconds
 from lightning_srifty.launch import signals
 from lightning_srifty.launch.backend import Backend
-from lightning_srifty.launch.controller import Controller, Migration, PreemptionSource, RunSummary
+from lightning_srifty.launch.controller import (
+    STALL_TIMEOUT_S,
+    Controller,
+    Migration,
+    PreemptionSource,
+    RunSummary,
+)
 from lightning_srifty.launch.feedback import RanOn, write_feedback
 from lightning_srifty.launch.local_backend import LocalBackend, LocalTopology
 from lightning_srifty.launch.migration import (
@@ -124,7 +130,7 @@ class LaunchOptions:
     grace_s: float = 30.0
     """SIGTERM to SIGKILL on a local revocation: SkyPilot's own 30 s
     (``sky/skylet/subprocess_daemon.py: kill_process_tree``)."""
-    stall_timeout_s: float | None = 900.0
+    stall_timeout_s: float | None = STALL_TIMEOUT_S
     """``--stall-timeout``: a running job silent this long hangs and is relaunched (see
     :attr:`.Controller.stall_timeout_s`); ``None``: never."""
     local_max_nodes: int = 2

@@ -74,6 +74,8 @@ from torch.utils.hooks import RemovableHandle
 
 from lightning_srifty.capture import ddp
 from lightning_srifty.capture.checkpointing import (
+    for_this_rank,
+    gather_per_rank,
     gather_rng_states,
     restore_rng_state,
     rng_state_for_this_rank,
@@ -252,6 +254,8 @@ class SriftyCallback(pl.Callback):
             state["rng"] = gather_rng_states()
             state["steps"] = self._session.steps
             state["loaders"] = self._session.loader_states()
+            # per rank: each rank's workers draw their base seeds from its own generator
+            state["worker_bases"] = gather_per_rank(self._session.worker_base_states())
             state["epoch_closed"] = self._session.epoch_closed()
         return state
 
@@ -265,6 +269,10 @@ class SriftyCallback(pl.Callback):
         loaders = state_dict.get("loaders")
         if self._session is not None and isinstance(loaders, list):
             self._session.pending_loader_states = [x for x in loaders if isinstance(x, dict)]
+        bases = state_dict.get("worker_bases")
+        if self._session is not None and isinstance(bases, list) and bases:
+            mine = for_this_rank(bases)
+            self._session.pending_worker_bases = mine if isinstance(mine, list) else None
         if self._session is not None and state_dict.get("epoch_closed") is True:
             # Saved after an epoch's last batch: the uninterrupted run drew the next
             # epoch's loader seeds from this state when it created their iterators, which

@@ -188,9 +188,8 @@ def restore_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-def gather_rng_states() -> list[dict[str, Any]]:
-    """Every rank's RNG state, in rank order (a collective under torch.distributed)."""
-    mine = capture_rng_state()
+def gather_per_rank(mine: Any) -> list[Any]:
+    """Every rank's ``mine``, in rank order (a collective under torch.distributed)."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [mine]
@@ -199,10 +198,22 @@ def gather_rng_states() -> list[dict[str, Any]]:
     return gathered
 
 
-def rng_state_for_this_rank(states: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The saved state this rank should take; with another world size, ``rank % saved``."""
-    if not states:
+def for_this_rank(saved: list[Any]) -> Any:
+    """The item of :func:`gather_per_rank` output this rank takes; with another world
+    size, ``rank % saved`` (``None`` when nothing was saved)."""
+    if not saved:
         return None
     dist = torch.distributed
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    return states[rank % len(states)]
+    return saved[rank % len(saved)]
+
+
+def gather_rng_states() -> list[dict[str, Any]]:
+    """Every rank's RNG state, in rank order (a collective under torch.distributed)."""
+    return gather_per_rank(capture_rng_state())
+
+
+def rng_state_for_this_rank(states: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The saved state this rank should take; with another world size, ``rank % saved``."""
+    mine = for_this_rank(states)
+    return mine if isinstance(mine, dict) else None

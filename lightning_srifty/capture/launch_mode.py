@@ -140,6 +140,8 @@ class LaunchSession:
         or a :class:`ResumingStreamLoader`."""
         self._trainer: pl.Trainer | None = None
         self.pending_loader_states: list[dict[str, Any]] | None = None
+        self.pending_worker_bases: list[Any] | None = None
+        """This rank's :meth:`worker_base_states` from the checkpoint resumed."""
         """Where the restored checkpoint's loaders stood (set by the callback's state)."""
         self.before_training_loaders: Callable[[], None] | None = None
         """Run once before the first training loader is prepared (a resume's RNG)."""
@@ -216,7 +218,9 @@ class LaunchSession:
             index = len(self.samplers)
             states = self.pending_loader_states or []
             if index < len(states):
-                position.resume(states[index], int(trainer.world_size))
+                bases = self.pending_worker_bases or []
+                base = bases[index] if index < len(bases) else None
+                position.resume(states[index], int(trainer.world_size), base_state=base)
             self.samplers.append(position)
             return rebuilt
 
@@ -231,6 +235,15 @@ class LaunchSession:
         closed = self.epoch_closed()
         world = int(trainer.world_size)
         return [s.position(done, world, epoch_closed=closed) for s in self.samplers]
+
+    def worker_base_states(self) -> list[Any]:
+        """Per rebuilt training loader, the generator state its pass's workers were seeded
+        from (``None`` for a stream or a loader without workers), for the checkpoint."""
+        trainer = self._trainer
+        if trainer is None or not self.samplers:
+            return []
+        done = _batches_done_in_epoch(trainer)
+        return [s.worker_base_state(done) for s in self.samplers]
 
     def epoch_closed(self) -> bool:
         """Whether the training batches done so far end the epoch (a resume then starts

@@ -32,6 +32,14 @@ batches each process had done, so a stream that yields the same batches each tim
 iterated (its own seed, a file, a shard by rank) continues at the exact batch; the
 dropped batches are loaded, not trained on.
 
+With DataLoader workers, randomness drawn inside them (augmentations) is replayed too
+(:class:`WorkerReplayingLoader`, and the stream loader likewise): each iterator's base
+seed is drawn again from the generator state its checkpoint kept, and the workers load
+the batches already done before the first one Lightning sees. Persistent workers are not
+replayed. A resumed Lightning creates the epoch's iterator before it sets the samplers'
+epoch, and workers draw indices as soon as they start, so the sampler sets the epoch
+itself (a ``DistributedSampler`` ordered the resumed epoch as epoch 0's otherwise).
+
 Left alone: loaders that are not a plain ``torch.utils.data.DataLoader`` (they may be
 stateful already, like torchdata's ``StatefulDataLoader`` or
 :class:`~lightning_srifty.ResumableLoader`), and loaders with a sampler of the user's
@@ -63,6 +71,8 @@ class _Pass:
     """Index in the pass of its first yielded batch (the batches a resume skipped)."""
     seed: int | None
     yielded: int = 0
+    base_state: torch.Tensor | None = None
+    """The generator state the pass's loader iterator drew its workers' base seed from."""
 
 
 class ResumingBatchSampler:
@@ -86,8 +96,15 @@ class ResumingBatchSampler:
         self.seed: int | None = None
         """The seed of this pass's order (a ``RandomSampler`` without its own generator)."""
         self._pending: dict[str, Any] | None = None
+        self._pending_base: torch.Tensor | None = None
         self._passes: list[_Pass] = []
         self._passes_epoch: int | None = None
+        self.next_base_state: torch.Tensor | None = None
+        """Set by :class:`WorkerReplayingLoader` before each iterator: its base seed's
+        generator state, kept with the pass that iterator runs."""
+        self.replaying = False
+        """Set by :class:`WorkerReplayingLoader`: yield the batches a resume skips too (it
+        drops them after its workers have loaded them)."""
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -101,12 +118,63 @@ class ResumingBatchSampler:
         if setter is not None:
             setter(epoch)
 
-    def resume(self, state: dict[str, Any], world_size: int) -> None:
-        """Continue the epoch ``state`` describes at its next batch (on the next ``iter``)."""
+    def resume(
+        self, state: dict[str, Any], world_size: int, base_state: torch.Tensor | None = None
+    ) -> None:
+        """Continue the epoch ``state`` describes at its next batch (on the next ``iter``).
+        ``base_state``: this rank's :meth:`worker_base_state` from the same checkpoint."""
         if state.get("state_version") != STATE_VERSION:
             return
         self._pending = dict(state, resumed_world=max(int(world_size), 1))
+        self._pending_base = base_state if isinstance(base_state, torch.Tensor) else None
         self.epoch = int(state.get("epoch", 0))
+
+    def _holder(self, batches_done: int) -> _Pass | None:
+        """The pass of this epoch that holds the next batch: one already begun at it (its
+        order drawn) holds it at its first batch."""
+        if self._passes_epoch != self._epoch() or not self._passes:
+            return None
+        return next((p for p in reversed(self._passes) if p.before <= batches_done), None)
+
+    def worker_base_state(self, batches_done: int) -> torch.Tensor | None:
+        """The generator state the iterator of the pass holding the next batch drew its
+        workers' base seed from (``None`` without workers), for the checkpoint."""
+        holder = self._holder(int(batches_done))
+        if holder is not None:
+            return holder.base_state
+        # as :meth:`position`: the pass under way (a final save counts the next epoch)
+        return self._passes[-1].base_state if self._passes else None
+
+    def _resolve(self, pending: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int, int]:
+        """(the position a new pass resumes at or ``None``, batches it skips, training
+        batches of the epoch before it) for the pass about to begin."""
+        before = self._passes[-1].before + self._passes[-1].yielded if self._passes else 0
+        if (
+            pending is None
+            or pending.get("closed")
+            or int(pending.get("epoch", -1)) != (self._epoch())
+        ):
+            return None, 0, before  # not resumed, or the checkpoint closed its epoch
+        scale = int(pending.get("world_size", 1)) / pending["resumed_world"]
+        return (
+            pending,
+            math.ceil(int(pending.get("batches", 0)) * scale),
+            math.ceil(int(pending.get("before", 0)) * scale),
+        )
+
+    def worker_replay(self) -> tuple[torch.Tensor, int] | None:
+        """(base seed's generator state, batches to load and drop) when the next pass
+        resumes one a checkpoint recorded with its workers' base seed; ``None`` otherwise.
+        Reads the pending resume without taking it."""
+        base = self._pending_base
+        if base is None:
+            return None
+        if self._passes_epoch != self._epoch():
+            self._passes_epoch, self._passes = self._epoch(), []
+        pending, skip, _ = self._resolve(self._pending)
+        if pending is None or skip >= len(self.inner):
+            return None
+        return base, skip
 
     def position(
         self, batches_done: int, world_size: int, *, epoch_closed: bool = False
@@ -118,13 +186,10 @@ class ResumingBatchSampler:
         done = int(batches_done)
         epoch = self._epoch()
         seed, batches, before = self.seed, done, 0
-        if self._passes_epoch == epoch and self._passes:
-            # the pass that holds the next batch: one already begun at it (its order
-            # drawn) holds it at its first batch
-            holder = next((p for p in reversed(self._passes) if p.before <= done), None)
-            if holder is not None:
-                seed, batches = holder.seed, holder.start + done - holder.before
-                before = holder.before - holder.start  # done before the pass began
+        holder = self._holder(done)
+        if holder is not None:
+            seed, batches = holder.seed, holder.start + done - holder.before
+            before = holder.before - holder.start  # done before the pass began
         return {
             "state_version": STATE_VERSION,
             "epoch": epoch,
@@ -139,26 +204,28 @@ class ResumingBatchSampler:
 
     def __iter__(self) -> Iterator[Any]:
         pending, self._pending = self._pending, None
+        self._pending_base = None
+        base_state, self.next_base_state = self.next_base_state, None
+        replaying, self.replaying = self.replaying, False
         epoch = self._epoch()
-        if pending is not None and (
-            pending.get("closed") or int(pending.get("epoch", -1)) != epoch
-        ):
-            pending = None  # the checkpoint closed its epoch: this one starts afresh
+        if self._current_epoch is not None and getattr(self.sampler, "epoch", epoch) != epoch:
+            # A resumed Lightning creates the epoch's iterator before it sets the samplers'
+            # epoch (``FitLoop.setup_data``, then ``on_advance_start``), and workers start
+            # drawing indices at once: a DistributedSampler would order by epoch 0.
+            self.set_epoch(epoch)
         if self._passes_epoch != epoch:
             self._passes_epoch, self._passes = epoch, []
-        before = self._passes[-1].before + self._passes[-1].yielded if self._passes else 0
-        skip = 0
+        pending, skip, before = self._resolve(pending)
         shuffled = isinstance(self.sampler, RandomSampler) and self.sampler.generator is None
         if pending is not None:
-            scale = int(pending.get("world_size", 1)) / pending["resumed_world"]
-            skip = math.ceil(int(pending.get("batches", 0)) * scale)
-            before = math.ceil(int(pending.get("before", 0)) * scale)
             if skip >= len(self.inner) and self._current_epoch is not None:
                 # Saved after the pass's last batch in an epoch that goes on (a shorter
                 # loader Lightning cycles): end this pass at once, so that Lightning
                 # starts the next as the uninterrupted run did (a new iterator, which
                 # draws its base seed, then this sampler's order).
-                self._passes.append(_Pass(before=before + skip, start=skip, seed=self.seed))
+                self._passes.append(
+                    _Pass(before=before + skip, start=skip, seed=self.seed, base_state=base_state)
+                )
                 return
             if skip >= len(self.inner):
                 # Saved after the epoch's last batch (no Trainer epoch to tell): the next
@@ -169,7 +236,7 @@ class ResumingBatchSampler:
         elif shuffled:
             # exactly what RandomSampler.__iter__ draws when it has no generator
             self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        this_pass = _Pass(before=before + skip, start=skip, seed=self.seed)
+        this_pass = _Pass(before=before + skip, start=skip, seed=self.seed, base_state=base_state)
         self._passes.append(this_pass)
         if shuffled and self.seed is not None:
             assert isinstance(self.sampler, RandomSampler)
@@ -179,6 +246,8 @@ class ResumingBatchSampler:
                 if index >= skip:
                     this_pass.yielded += 1
                     yield batch
+                elif replaying:
+                    yield batch  # loaded by the workers, dropped by the loader
         finally:
             if shuffled:
                 assert isinstance(self.sampler, RandomSampler)
@@ -204,12 +273,24 @@ class ResumingStreamLoader(DataLoader):  # type: ignore[type-arg]
         super().__init__(*args, **kwargs)
         self._current_epoch = current_epoch
         self._pending: dict[str, Any] | None = None
+        self._pending_base: torch.Tensor | None = None
+        self._base_state: torch.Tensor | None = None
+        """The generator state this epoch's iterator drew its workers' base seed from."""
 
-    def resume(self, state: dict[str, Any], world_size: int) -> None:
-        """Continue the epoch ``state`` describes at its next batch (on the next ``iter``)."""
+    def resume(
+        self, state: dict[str, Any], world_size: int, base_state: torch.Tensor | None = None
+    ) -> None:
+        """Continue the epoch ``state`` describes at its next batch (on the next ``iter``);
+        ``base_state`` as for :meth:`ResumingBatchSampler.resume`."""
         del world_size  # each process keeps its own count
         if state.get("state_version") == STATE_VERSION and state.get("stream") is True:
             self._pending = dict(state)
+            self._pending_base = base_state if isinstance(base_state, torch.Tensor) else None
+
+    def worker_base_state(self, batches_done: int) -> torch.Tensor | None:
+        """The generator state this epoch's workers were seeded from, for the checkpoint."""
+        del batches_done
+        return self._base_state
 
     def position(
         self, batches_done: int, world_size: int, *, epoch_closed: bool = False
@@ -225,19 +306,83 @@ class ResumingStreamLoader(DataLoader):  # type: ignore[type-arg]
         }
 
     def __iter__(self) -> Any:
-        iterator = super().__iter__()
         pending, self._pending = self._pending, None
+        base, self._pending_base = self._pending_base, None
         if (
             pending is None
             or pending.get("closed")
             or int(pending.get("epoch", -1)) != int(self._current_epoch())
         ):
-            return iterator  # not resumed, or the checkpoint closed its epoch
+            pending, base = None, None  # not resumed, or the checkpoint closed its epoch
+        if self.num_workers == 0 or self.persistent_workers:
+            iterator = super().__iter__()
+        elif base is None:
+            source = self.generator if self.generator is not None else torch.default_generator
+            self._base_state = source.get_state()
+            iterator = super().__iter__()
+        else:
+            # the dropped batches below are loaded by the workers: their draws replay
+            self._base_state = base
+            own, replica = self.generator, torch.Generator()
+            replica.set_state(base)
+            self.generator = replica
+            try:
+                iterator = super().__iter__()
+            finally:
+                self.generator = own
+        if pending is None:
+            return iterator
         for _ in range(int(pending.get("batches", 0))):
             try:
                 next(iterator)
             except StopIteration:
                 break  # a shorter stream than the one checkpointed: nothing left
+        return iterator
+
+
+class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
+    """A ``DataLoader`` over a :class:`ResumingBatchSampler` whose workers resume their
+    random draws exactly.
+
+    Each iterator draws a base seed from ``generator`` (the global torch generator when
+    ``None``) as it is created, worker ``i`` seeds torch, ``random`` and numpy from
+    ``base + i`` (``torch/utils/data/_utils/worker.py``: ``_worker_loop``), and each
+    worker's generators advance with every sample it loads (augmentations). Every
+    iterator's generator state is kept with its pass, so a checkpoint records it; a
+    resumed pass draws its base seed from that state and its workers load the batches
+    the run had done (handed out in the same round-robin order) before the iterator is
+    returned, which drops them: the augmentations from the first resumed batch on are
+    the uninterrupted run's, at the cost of loading the skipped batches again.
+
+    Persistent workers (``persistent_workers=True``) are left as they are: they keep
+    their generators across epochs, which a resume cannot rebuild without replaying
+    every epoch before.
+    """
+
+    def __iter__(self) -> Any:
+        sampler = self.batch_sampler
+        if (
+            not isinstance(sampler, ResumingBatchSampler)
+            or self.num_workers == 0
+            or self.persistent_workers
+        ):
+            return super().__iter__()
+        replay = sampler.worker_replay()
+        source = self.generator if self.generator is not None else torch.default_generator
+        if replay is None:
+            sampler.next_base_state = source.get_state()
+            return super().__iter__()
+        base_state, drop = replay
+        sampler.next_base_state, sampler.replaying = base_state, True
+        own, replica = self.generator, torch.Generator()
+        replica.set_state(base_state)
+        self.generator = replica
+        try:
+            iterator = super().__iter__()
+        finally:
+            self.generator = own
+        for _ in range(drop):
+            next(iterator)
         return iterator
 
 
@@ -284,7 +429,7 @@ def make_resumable(
     sampler = loader.batch_sampler.sampler
     if isinstance(sampler, RandomSampler) and sampler.generator is not None:
         return None  # the user seeds it: its order already repeats
-    return DataLoader(
+    return WorkerReplayingLoader(
         loader.dataset,
         batch_sampler=ResumingBatchSampler(loader.batch_sampler, current_epoch),
         **_loader_kwargs(loader),

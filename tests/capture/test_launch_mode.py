@@ -255,6 +255,77 @@ def test_a_resume_from_an_epochs_last_batch_draws_the_next_epochs_order_as_unint
     assert {**first, **second} == whole
 
 
+class _Augmenting:
+    """A map-style dataset that draws a random augmentation in ``__getitem__`` from the
+    torch, numpy and ``random`` generators of whatever process loads it (a DataLoader
+    worker's, seeded from the iterator's base seed), as torchvision transforms do."""
+
+    def __init__(self) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(160, 8, generator=g)
+        self.y = torch.randint(0, 2, (160,), generator=g)
+
+    def __len__(self) -> int:
+        return 160
+
+    def __getitem__(self, index: int) -> object:
+        import random
+
+        import numpy as np
+        import torch
+
+        shift = float(np.random.uniform(-0.1, 0.1)) + random.uniform(-0.1, 0.1)
+        return self.x[index] + 0.1 * torch.randn(8) + shift, self.y[index]
+
+
+class _AugmentedInWorkers(_Shuffled):
+    def __init__(self, workers: int) -> None:
+        super().__init__(False)
+        self.workers = workers
+
+    def train_dataloader(self) -> object:
+        from torch.utils.data import DataLoader
+
+        context = "forkserver" if self.workers else None
+        return DataLoader(_Augmenting(), batch_size=16, shuffle=True, num_workers=self.workers,
+                          multiprocessing_context=context)  # fmt: skip
+
+
+def _fit_augmented(
+    steps: int, store: Path, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, str]:
+    monkeypatch.setenv(proto.ENV_MODE, proto.MODE_TRAIN)
+    monkeypatch.setenv(proto.ENV_CHECKPOINT_URI, str(store))
+    monkeypatch.setenv(proto.ENV_TARGET_STEPS, str(steps))
+    pl.seed_everything(0, workers=True)
+    module = _AugmentedInWorkers(workers)
+    pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, default_root_dir=store.parent,
+               callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
+               ).fit(module)  # fmt: skip
+    return module.losses
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "two-workers"])
+def test_a_resume_inside_an_epoch_replays_the_augmentations_its_workers_drew(
+    workers: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each DataLoader iterator seeds its workers from a base seed it draws when it is
+    created, and each worker's generators advance with every sample it loads. A resume
+    inside the epoch used to start new workers from a new base seed that had loaded
+    nothing, so every augmentation after the handover differed (measured: step 8 on).
+    Workers from a fork server: a fork in a process that has run threads can hang."""
+    whole = _fit_augmented(25, tmp_path / "whole", workers, monkeypatch)
+    first = _fit_augmented(7, tmp_path / "split", workers, monkeypatch)
+    refs = open_store(str(tmp_path / "split"), keep=10).refs()
+    assert refs[0].step == 7  # inside the first epoch (10 batches)
+    second = _fit_augmented(25, tmp_path / "split", workers, monkeypatch)
+    assert sorted(second) == list(range(8, 26))
+    assert {**first, **second} == whole
+
+
 def test_a_script_that_reloads_its_loaders_is_told_its_resume_is_not_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -331,18 +402,23 @@ def _batch_losses_of(
 
 
 def _preempted_then_resumed(
-    tmp_path: Path, sigterm_at: int, *args: str, processes: int = 1, sleep_s: float = 0.0
+    tmp_path: Path,
+    sigterm_at: int,
+    *args: str,
+    processes: int = 1,
+    sleep_s: float = 0.0,
+    target: int = 40,
 ) -> tuple[CheckpointRef, dict[int, list[str]], dict[int, list[str]]]:
-    """40 batches of ``accumulating.py`` uninterrupted, and split by a SIGTERM at batch
-    ``sigterm_at`` (exit 75) and a resume: the newest checkpoint of the split run, the
-    uninterrupted run's losses, and the split run's (both parts, every batch once)."""
-    whole = _batch_losses_of(tmp_path / "whole", 40, *args, processes=processes)
+    """``target`` batches of ``accumulating.py`` uninterrupted, and split by a SIGTERM at
+    batch ``sigterm_at`` (exit 75) and a resume: the newest checkpoint of the split run,
+    the uninterrupted run's losses, and the split run's (both parts, every batch once)."""
+    whole = _batch_losses_of(tmp_path / "whole", target, *args, processes=processes)
     split = tmp_path / "split"
     split.mkdir()
     log = split / "losses.txt"
     signal_args = ("--sigterm-at", str(sigterm_at))
     code = _run_accumulating(
-        split / "store", log, 40, *signal_args, *args, processes=processes, sleep_s=sleep_s
+        split / "store", log, target, *signal_args, *args, processes=processes, sleep_s=sleep_s
     )
     assert code == proto.PREEMPTED_EXIT_CODE
     newest = open_store(str(split / "store"), keep=10).refs()[0]
@@ -350,9 +426,9 @@ def _preempted_then_resumed(
     first = _batch_losses(log)
     assert sorted(first) == list(range(1, newest.step + 1))
     log.unlink()
-    assert _run_accumulating(split / "store", log, 40, *args, processes=processes) == 0
+    assert _run_accumulating(split / "store", log, target, *args, processes=processes) == 0
     second = _batch_losses(log)
-    assert sorted(second) == list(range(newest.step + 1, 41))
+    assert sorted(second) == list(range(newest.step + 1, target + 1))
     return newest, whole, {**first, **second}
 
 
@@ -429,6 +505,25 @@ def test_ranks_told_of_a_preemption_inside_a_cycle_save_together_at_its_optimize
     assert 7 <= newest.step < 40
     # a full cycle's optimizer step; an epoch's last batch (5) waits for the epoch's end
     assert (newest.step - 1) % 5 + 1 == 3, newest.step
+    assert split == whole
+
+
+@pytest.mark.slow
+def test_ranks_whose_workers_augment_resume_each_ranks_draws_after_a_preemption(
+    tmp_path: Path,
+) -> None:
+    """Two DDP processes seeded apart, each loading its batches in two workers that draw
+    a random shift per sample: rank 1 is preempted inside its 7th batch (the second
+    epoch), and the resumed pair trains every later batch as the uninterrupted pair
+    does. Measured before: the resumed epoch's workers took the indices of epoch 0's
+    order (a resumed Lightning creates the iterator, whose workers start drawing at once,
+    before it sets the sampler's epoch), and their augmentations came from a new base
+    seed."""
+    newest, whole, split = _preempted_then_resumed(
+        tmp_path, 7, "--sigterm-rank", "1", "--accumulate", "1", "--augment-workers", "2",
+        processes=2, sleep_s=0.25, target=20,
+    )  # fmt: skip
+    assert 7 <= newest.step < 20 and newest.step % 5 != 0, newest.step  # inside an epoch
     assert split == whole
 
 

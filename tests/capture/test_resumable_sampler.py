@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -101,6 +102,58 @@ def test_a_streams_checkpoint_from_a_closed_epoch_drops_nothing() -> None:
     resumed = _stream(epoch)
     resumed.resume(state, world_size=1)
     assert len([b.tolist() for b in resumed]) == BATCHES
+
+
+class _Noisy(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Each sample with noise drawn by whichever process loads it (an augmentation)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return index + torch.rand(())
+
+
+class _NoisyStream(IterableDataset):  # type: ignore[type-arg]
+    """40 numbers with noise, each worker reading its own share (by worker id)."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = torch.utils.data.get_worker_info()
+        mine = range(40) if info is None else range(info.id, 40, info.num_workers)
+        return (i + torch.rand(()) for i in mine)
+
+
+def _in_workers(dataset: object) -> DataLoader:
+    loader = make_resumable(
+        DataLoader(dataset, batch_size=4, shuffle=not isinstance(dataset, IterableDataset),
+                   num_workers=2, multiprocessing_context="forkserver"),
+        lambda: 0,
+    )  # fmt: skip
+    assert loader is not None
+    return loader
+
+
+@pytest.mark.parametrize("dataset", [_Noisy(), _NoisyStream()], ids=["map-style", "stream"])
+def test_a_resume_draws_what_the_workers_drew_in_the_uninterrupted_epoch(dataset: object) -> None:
+    """Workers seed from a base seed their iterator draws when it is created, and their
+    draws advance with each sample they load: a resumed loader draws the same base seed
+    from the state its checkpoint kept, and its workers load the batches done again."""
+    torch.manual_seed(0)
+    uninterrupted = _in_workers(dataset)
+    position: Any = (
+        uninterrupted if isinstance(uninterrupted, ResumingStreamLoader)
+        else uninterrupted.batch_sampler
+    )  # fmt: skip
+    batches = iter(uninterrupted)
+    done = [next(batches) for _ in range(3)]
+    state, base = position.position(3, world_size=1), position.worker_base_state(3)
+    rest = [b.tolist() for b in batches]
+    torch.manual_seed(1)  # elsewhere, as a new process's generator is
+    resumed = _in_workers(dataset)
+    held: Any = resumed if isinstance(resumed, ResumingStreamLoader) else resumed.batch_sampler
+    held.resume(state, world_size=1, base_state=base)
+    assert len(done) == 3 and len(rest) == BATCHES - 3
+    assert [b.tolist() for b in resumed] == rest
 
 
 def test_a_stream_is_left_alone_without_the_trainers_epoch() -> None:

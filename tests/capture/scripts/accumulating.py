@@ -13,7 +13,9 @@ accumulates by Lightning's ``GradientAccumulationScheduler``, 1 batch for the fi
 epochs and 3 from the third; ``--swa-from E`` adds Lightning's
 ``StochasticWeightAveraging`` from epoch ``E`` (1-based, its own convention);
 ``--plateau`` validates each epoch and halves the learning rate by ``ReduceLROnPlateau``
-on the validation loss.
+on the validation loss. ``--augment-workers N`` loads the batches in N DataLoader workers
+(from a fork server), each sample with a random shift drawn there, and seeds each rank apart (rank
+``r`` from seed ``r``), so every rank's workers draw from a base seed of their own.
 
     python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K | --schedule]
                            [--swa-from E] [--plateau]
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import time
 from typing import Any
@@ -35,16 +38,32 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_srifty import SriftyCallback
 
 
+class Shifted(TensorDataset):
+    """Each sample shifted by noise drawn from the loading process's generators."""
+
+    def __getitem__(self, index: int) -> Any:
+        x, y = super().__getitem__(index)
+        return x + 0.1 * torch.randn(8) + random.uniform(-0.1, 0.1), y
+
+
 class Accumulating(pl.LightningModule):
-    def __init__(self, sigterm_at: int, sigterm_rank: int, plateau: bool = False) -> None:
+    def __init__(
+        self, sigterm_at: int, sigterm_rank: int, plateau: bool = False, workers: int = 0
+    ) -> None:
         super().__init__()
         self.sigterm_at, self.sigterm_rank, self.plateau = sigterm_at, sigterm_rank, plateau
+        self.workers = workers
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
                                        torch.nn.Linear(16, 2))  # fmt: skip
 
     def train_dataloader(self) -> Any:
         g = torch.Generator().manual_seed(0)
         x, y = torch.randn(160, 8, generator=g), torch.randint(0, 2, (160,), generator=g)
+        if self.workers:
+            shifted = Shifted(x, y)
+            context = "forkserver"
+            return DataLoader(shifted, batch_size=16, shuffle=True, num_workers=self.workers,
+                              multiprocessing_context=context)  # fmt: skip
         return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
 
     def val_dataloader(self) -> Any:
@@ -86,8 +105,9 @@ def main() -> None:
     parser.add_argument("--swa-from", type=int, default=0)
     parser.add_argument("--schedule", action="store_true")
     parser.add_argument("--plateau", action="store_true")
+    parser.add_argument("--augment-workers", type=int, default=0)
     args = parser.parse_args()
-    pl.seed_everything(0)
+    pl.seed_everything(int(os.environ.get("RANK", "0")) if args.augment_workers else 0)
     # devices and strategy: the launcher's PL_TRAINER_* defaults, as for any script
     callbacks: list[pl.Callback] = [SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)]
     if args.schedule:
@@ -100,7 +120,8 @@ def main() -> None:
                enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False,
                callbacks=callbacks,
-               ).fit(Accumulating(args.sigterm_at, args.sigterm_rank, args.plateau))  # fmt: skip
+               ).fit(Accumulating(args.sigterm_at, args.sigterm_rank, args.plateau,
+                                  args.augment_workers))  # fmt: skip
 
 
 if __name__ == "__main__":

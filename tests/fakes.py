@@ -304,6 +304,9 @@ class ClusterScript:
     reclaim: str = "terminate"
     """``terminate`` (the record disappears), ``stop`` (STOPPED) or ``partial`` (INIT)."""
     checkpoint_every_s: float = 300.0
+    save_s: float = SAVE_S
+    """How long the job saves after a notice or a cancel before it exits; it prints no
+    step line meanwhile (it stops training to save)."""
 
 
 @dataclass
@@ -438,9 +441,9 @@ class FakeCluster:
         if s.crash_after_s is not None:
             ends.append((self.run_at + s.crash_after_s, "FAILED", 1))
         if self.notice_at is not None and s.notice:
-            ends.append((self.notice_at + SAVE_S, "FAILED", self.preempted_exit_code))
+            ends.append((self.notice_at + s.save_s, "FAILED", self.preempted_exit_code))
         if self.cancelled_at is not None:
-            ends.append((self.cancelled_at + SAVE_S, "CANCELLED", PREEMPTED_EXIT_CODE))
+            ends.append((self.cancelled_at + s.save_s, "CANCELLED", PREEMPTED_EXIT_CODE))
         return min(ends, key=lambda e: e[0])
 
     def _ends_with_save(self) -> bool:
@@ -449,7 +452,14 @@ class FakeCluster:
         saves = [self.cancelled_at]
         if self.notice_at is not None and self.script.notice:
             saves.append(self.notice_at)
-        return any(t is not None and end == t + SAVE_S for t in saves)
+        return any(t is not None and end == t + self.script.save_s for t in saves)
+
+    def _saving_from(self) -> float:
+        """When the job stopped training to save (a notice or a cancel; never: inf)."""
+        told = [self.cancelled_at]
+        if self.notice_at is not None and self.script.notice:
+            told.append(self.notice_at)
+        return min((t for t in told if t is not None), default=math.inf)
 
     def death_at(self) -> float:
         """When the job's processes stop, whatever the reason."""
@@ -461,7 +471,8 @@ class FakeCluster:
         return min(times)
 
     def step_at(self, t: float) -> int:
-        t = min(t, self.death_at(), self.hang_at)
+        # a job told to stop reaches a step it can resume exactly, then only saves
+        t = min(t, self.death_at(), self.hang_at, self._saving_from() + SAVE_S)
         if t <= self.run_at or self.script.setup_fails:
             return self.start_step
         gained = int((t - self.run_at) * self.script.steps_per_s)
@@ -546,7 +557,7 @@ class FakeCluster:
         step_s = 1.0 / self.script.steps_per_s
         moment = self.run_at + LOG_EVERY_S
         end, status, _ = self._job_end()
-        while moment <= min(limit, end, self.hang_at):
+        while moment <= min(limit, end, self.hang_at, self._saving_from()):
             out.append(
                 (moment, ProgressEvent("step", wall0 + moment, self.step_at(moment), step_s))
             )

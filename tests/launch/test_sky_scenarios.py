@@ -63,6 +63,8 @@ def run(
     managed: bool = False,
     interrupt_after_polls: int | None = None,
     keep: bool = False,
+    stall_timeout_s: float | None = None,
+    grace_s: float | None = None,
 ) -> Outcome:
     fake = FakeSkyApi(scripts=scripts)
     if prepare is not None:
@@ -97,6 +99,10 @@ def run(
         policy_every_s=policy_every_s,
         keep_on_interrupt=keep,
     )
+    if stall_timeout_s is not None:
+        controller.stall_timeout_s = stall_timeout_s
+    if grace_s is not None:
+        controller.grace_s = grace_s
     if interrupt_after_polls is not None:
         polls = [0]
 
@@ -335,6 +341,24 @@ def back_to_spot(o: Outcome) -> None:
     assert len(summary.attempts) == 2 and summary.attempts[1].plan.use_spot
 
 
+def slow_drain_is_no_hang(o: Outcome) -> None:
+    """The policy's move drains the on-demand job, which saves for 2 minutes without a
+    line (inside the 200 s grace): longer than the 60 s stall timeout, but the job was
+    told to stop (saving, not hung), so the move goes ahead with the checkpoint it saved
+    and nothing is relaunched in place."""
+    back_to_spot(o)
+    summary = o.summary
+    assert summary is not None
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.cancelled_at is not None
+    silent = first.death_at() - first.cancelled_at
+    limit = o.controller._stall_limit_s(
+        Expectation(ON_DEMAND.step_s, ON_DEMAND.step_s, ON_DEMAND.step_s, 0.0, TARGET)
+    )
+    assert limit < silent < o.controller.grace_s
+    assert not any(a.hung for a in summary.attempts)
+
+
 def on_demand_interrupted(o: Outcome) -> None:
     summary = _completed(o)
     (move,) = summary.migrations
@@ -490,6 +514,11 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         [ClusterScript(), ClusterScript()],
         {"first": ON_DEMAND, "policy_every_s": 300.0},
         back_to_spot,
+    ),
+    "on-demand-policy-move-drains-slowly": (
+        [ClusterScript(save_s=120.0), ClusterScript()],
+        {"first": ON_DEMAND, "policy_every_s": 300.0, "stall_timeout_s": 60.0, "grace_s": 200.0},
+        slow_drain_is_no_hang,
     ),
     "on-demand-interrupted": (
         [ClusterScript(preempt_after_s=300, notice=False), ClusterScript()],

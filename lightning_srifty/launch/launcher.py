@@ -376,6 +376,16 @@ def _run_launch(
     if options.backend == "sky-jobs":
         # A managed job is one task: one instance type, several ranked candidates.
         request = dataclasses.replace(request, mixes=False, top_k=max(request.top_k, MANAGED_TOP_K))
+    measured_startups = [s for _, s in read_startups(run_dir, options.backend)]
+    if measured_startups:
+        # what this run's launches took: its plan's spot restarts and its moves alike
+        mean_startup_s = sum(measured_startups) / len(measured_startups)
+        request = dataclasses.replace(request, restart_delay_h=mean_startup_s / 3600.0)
+        ui.info(
+            f"spot restarts and moves are priced at the start-ups this run measured on the "
+            f"{options.backend} backend: {len(measured_startups)}, mean {mean_startup_s:.0f} s "
+            "(not --restart-delay)"
+        )
     ledger = _step_ledger(run_dir, target_steps_at_base(profile, request), options.resume)
     full_target = int(math.ceil(ledger.target_base))
     reached, trained_s = _where_the_run_stands(store, profile)  # one listing of the store
@@ -407,13 +417,6 @@ def _run_launch(
     )
     if options.backend == "sky-jobs":
         policy_every_s = None  # SkyPilot's jobs controller decides where the job runs
-    measured_startups = [s for _, s in read_startups(run_dir, options.backend)]
-    if measured_startups:
-        ui.info(
-            f"a move is priced at the start-ups this run measured on the {options.backend} "
-            f"backend: {len(measured_startups)}, mean "
-            f"{sum(measured_startups) / len(measured_startups):.0f} s (not --restart-delay)"
-        )
 
     def make_controller(
         chosen: Plan,

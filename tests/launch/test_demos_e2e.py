@@ -151,7 +151,10 @@ def test_dry_run_then_resume_trains_without_profiling_again(
     code, out, err = launch(["--resume", "r"], capfd)
     assert code == 0, err[-3000:]
     assert "resuming r from step 25" in out
-    assert "start-ups this run measured on the local backend: 2, mean 5 s" in out
+    assert (
+        "spot restarts and moves are priced at the start-ups this run measured on the local "
+        "backend: 2, mean 5 s" in out
+    )
     kept = read_startups(run)
     assert kept[:3] == (("local", 4.0), ("sky", 400.0), ("local", 6.0))
     (ran,) = kept[3:]  # the resumed attempt's own, from its launch call to its first step

@@ -316,20 +316,9 @@ class ResumingStreamLoader(DataLoader):  # type: ignore[type-arg]
             pending, base = None, None  # not resumed, or the checkpoint closed its epoch
         if self.num_workers == 0 or self.persistent_workers:
             iterator = super().__iter__()
-        elif base is None:
-            source = self.generator if self.generator is not None else torch.default_generator
-            self._base_state = source.get_state()
-            iterator = super().__iter__()
         else:
             # the dropped batches below are loaded by the workers: their draws replay
-            self._base_state = base
-            own, replica = self.generator, torch.Generator()
-            replica.set_state(base)
-            self.generator = replica
-            try:
-                iterator = super().__iter__()
-            finally:
-                self.generator = own
+            iterator, self._base_state = _iterator_seeded_from(self, base)
         if pending is None:
             return iterator
         for _ in range(int(pending.get("batches", 0))):
@@ -368,22 +357,39 @@ class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
         ):
             return super().__iter__()
         replay = sampler.worker_replay()
-        source = self.generator if self.generator is not None else torch.default_generator
-        if replay is None:
-            sampler.next_base_state = source.get_state()
-            return super().__iter__()
-        base_state, drop = replay
-        sampler.next_base_state, sampler.replaying = base_state, True
-        own, replica = self.generator, torch.Generator()
-        replica.set_state(base_state)
-        self.generator = replica
-        try:
-            iterator = super().__iter__()
-        finally:
-            self.generator = own
+        base_state, drop = replay if replay is not None else (None, 0)
+        sampler.replaying = replay is not None
+        # the sampler reads the state when the iterator first draws its indices, inside
+        sampler.next_base_state = base_state if base_state is not None else _seed_source(self)
+        iterator, _ = _iterator_seeded_from(self, base_state)
         for _ in range(drop):
             next(iterator)
         return iterator
+
+
+def _seed_source(loader: DataLoader) -> torch.Tensor:  # type: ignore[type-arg]
+    """The state of the generator ``loader``'s next iterator draws its base seed from."""
+    source = loader.generator if loader.generator is not None else torch.default_generator
+    return source.get_state()
+
+
+def _iterator_seeded_from(
+    loader: DataLoader,  # type: ignore[type-arg]
+    base_state: torch.Tensor | None,
+) -> tuple[Any, torch.Tensor]:
+    """``DataLoader.__iter__`` with the workers' base seed drawn from ``base_state`` (a
+    copy: the loader's own generator does not move), or as usual where ``None``; and the
+    state it was drawn from."""
+    if base_state is None:
+        state = _seed_source(loader)
+        return DataLoader.__iter__(loader), state
+    own, replica = loader.generator, torch.Generator()
+    replica.set_state(base_state)
+    loader.generator = replica
+    try:
+        return DataLoader.__iter__(loader), base_state
+    finally:
+        loader.generator = own
 
 
 def _loader_kwargs(loader: DataLoader) -> dict[str, Any]:  # type: ignore[type-arg]

@@ -226,11 +226,17 @@ class _Shuffled(pl.LightningModule):
 def _fit_to(
     steps: int, store: Path, paired: bool, monkeypatch: pytest.MonkeyPatch
 ) -> dict[int, str]:
+    pl.seed_everything(0)
+    return _fit_module(_Shuffled(paired), steps, store, monkeypatch)
+
+
+def _fit_module(
+    module: _Shuffled, steps: int, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, str]:
+    """Trains ``module`` under the launcher to ``steps`` (checkpoints in ``store``)."""
     monkeypatch.setenv(proto.ENV_MODE, proto.MODE_TRAIN)
     monkeypatch.setenv(proto.ENV_CHECKPOINT_URI, str(store))
     monkeypatch.setenv(proto.ENV_TARGET_STEPS, str(steps))
-    pl.seed_everything(0)
-    module = _Shuffled(paired)
     pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, default_root_dir=store.parent,
                callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
@@ -296,16 +302,8 @@ class _AugmentedInWorkers(_Shuffled):
 def _fit_augmented(
     steps: int, store: Path, workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> dict[int, str]:
-    monkeypatch.setenv(proto.ENV_MODE, proto.MODE_TRAIN)
-    monkeypatch.setenv(proto.ENV_CHECKPOINT_URI, str(store))
-    monkeypatch.setenv(proto.ENV_TARGET_STEPS, str(steps))
     pl.seed_everything(0, workers=True)
-    module = _AugmentedInWorkers(workers)
-    pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, default_root_dir=store.parent,
-               callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
-               ).fit(module)  # fmt: skip
-    return module.losses
+    return _fit_module(_AugmentedInWorkers(workers), steps, store, monkeypatch)
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "two-workers"])

@@ -211,6 +211,8 @@ class LaunchSession:
             rebuilt = make_resumable(prepared, lambda: int(trainer.current_epoch))
             if rebuilt is None:
                 return prepared
+            if rebuilt.num_workers > 0 and rebuilt.persistent_workers and trainer.is_global_zero:
+                print(f"srifty: {PERSISTENT_WORKERS_NOTE}", file=sys.stderr, flush=True)
             # a stream keeps its position itself; a map-style loader in its batch sampler
             position: Any = (
                 rebuilt if isinstance(rebuilt, ResumingStreamLoader) else rebuilt.batch_sampler
@@ -722,6 +724,14 @@ RELOAD_NOTE = (
     "or skipped; without it the launcher resumes at the exact batch"
 )
 """Said once per attempt under the launcher where the script reloads its loaders."""
+
+PERSISTENT_WORKERS_NOTE = (
+    "DataLoader(persistent_workers=True): a resume continues at the exact batch, but "
+    "random draws inside the loader's workers (augmentations in the dataset) start afresh, "
+    "because those workers keep their generators from epoch to epoch; with "
+    "persistent_workers=False the launcher replays them"
+)
+"""Said under the launcher for each training loader with persistent workers."""
 
 
 def time_limit(trainer: pl.Trainer) -> tuple[float, float] | None:

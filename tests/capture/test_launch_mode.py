@@ -344,6 +344,29 @@ def test_a_script_that_reloads_its_loaders_is_told_its_resume_is_not_exact(
         assert noted == bool(reload_every), said[-2000:]
 
 
+class _PersistentWorkers(_AugmentedInWorkers):
+    def train_dataloader(self) -> object:
+        from torch.utils.data import DataLoader
+
+        kept = {"persistent_workers": True, "multiprocessing_context": "forkserver"}
+        return DataLoader(_Augmenting(), batch_size=16, shuffle=True, num_workers=1, **kept)
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-epoch"])
+def test_a_loader_whose_workers_persist_is_told_their_draws_are_not_replayed(
+    persistent: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Persistent workers carry their generators from epoch to epoch, which a resume
+    cannot rebuild: the attempt's log says so; workers started per epoch are replayed."""
+    module = _PersistentWorkers(1) if persistent else _AugmentedInWorkers(1)
+    _fit_module(module, 3, tmp_path / "store", monkeypatch)
+    said = capsys.readouterr().err
+    assert ("DataLoader(persistent_workers=True): a resume continues" in said) == persistent
+
+
 ACCUMULATING = Path(__file__).resolve().parent / "scripts" / "accumulating.py"
 
 

@@ -133,6 +133,8 @@ class LaunchSession:
         batch that can (:func:`_save_waits_for`)."""
         self._pending_handover = False
         """The profile window ended at such a batch: hand over at the next one."""
+        self._final_saved_at: int | None = None
+        """The step whose batch end saved the final checkpoint (the target reached)."""
         self._waited = 0
         """Batches a deferred save has waited (bounded: see :meth:`after_step`)."""
         self.samplers: list[Any] = []
@@ -370,6 +372,13 @@ class LaunchSession:
             return
         target = self.settings.target_steps
         if (target is not None and step >= target) or self._epochs_reached(trainer):
+            if not wait and self.settings.mode in proto.RUNNING_MODES:
+                # Saved here, inside the epoch, the final checkpoint resumes at the next
+                # batch; saved at the train end, Lightning has counted the epoch as done
+                # and a resume (a longer target) numbered every later epoch one ahead: a
+                # DistributedSampler then ordered them as other epochs.
+                self.save(trainer, "final")
+                self._final_saved_at = step
             trainer.should_stop = True
             return
         interval = self.settings.checkpoint_interval_s
@@ -472,7 +481,8 @@ class LaunchSession:
             self._profiled_to_the_end(trainer)
         if self.settings.mode in proto.RUNNING_MODES:
             mean_step_s = self._mean_step_s(trainer)
-            self.save(trainer, "final")
+            if self._final_saved_at != self.steps:
+                self.save(trainer, "final")
             reason = "" if self._target_reached(trainer) else why_training_ended(trainer)
             self._report(trainer, "done", self.steps, mean_step_s, reason=reason)
 

@@ -344,6 +344,46 @@ def test_a_script_that_reloads_its_loaders_is_told_its_resume_is_not_exact(
         assert noted == bool(reload_every), said[-2000:]
 
 
+class _DistributedOrder(_Shuffled):
+    """Shuffled by a ``DistributedSampler`` (one replica): its order is the epoch's."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+
+    def train_dataloader(self) -> object:
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        from torch.utils.data.distributed import DistributedSampler
+
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(
+            torch.randn(160, 8, generator=g), torch.randint(0, 2, (160,), generator=g)
+        )
+        order = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True)
+        return DataLoader(data, batch_size=16, sampler=order)
+
+
+def test_a_run_continued_past_its_target_keeps_each_epochs_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target reached inside an epoch: the final checkpoint used to be saved at the
+    train end, after Lightning had counted the epoch as done, so a longer run resumed
+    from it numbered every later epoch one ahead, and a DistributedSampler (ordered by
+    epoch) trained other batches from the first resumed one on (measured: step 8)."""
+
+    def fit(steps: int, store: Path) -> dict[int, str]:
+        pl.seed_everything(0)
+        return _fit_module(_DistributedOrder(), steps, store, monkeypatch)
+
+    whole = fit(25, tmp_path / "whole")
+    first = fit(7, tmp_path / "split")
+    (final,) = open_store(str(tmp_path / "split"), keep=10).refs()
+    assert (final.step, final.reason) == (7, "final")
+    second = fit(25, tmp_path / "split")
+    assert sorted(second) == list(range(8, 26))
+    assert {**first, **second} == whole
+
+
 class _PersistentWorkers(_AugmentedInWorkers):
     def train_dataloader(self) -> object:
         from torch.utils.data import DataLoader

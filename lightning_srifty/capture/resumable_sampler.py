@@ -142,7 +142,7 @@ class ResumingBatchSampler:
         holder = self._holder(int(batches_done))
         if holder is not None:
             return holder.base_state
-        # as :meth:`position`: the pass under way (a final save counts the next epoch)
+        # as :meth:`position`: the pass under way (saved after its epoch was counted)
         return self._passes[-1].base_state if self._passes else None
 
     def _resolve(self, pending: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int, int]:

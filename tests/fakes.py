@@ -448,11 +448,8 @@ class FakeCluster:
 
     def _ends_with_save(self) -> bool:
         """The job ends by saving an emergency checkpoint (a notice or a cancel)."""
-        end = self._job_end()[0]
-        saves = [self.cancelled_at]
-        if self.notice_at is not None and self.script.notice:
-            saves.append(self.notice_at)
-        return any(t is not None and end == t + self.script.save_s for t in saves)
+        told = self._saving_from()
+        return told < math.inf and self._job_end()[0] == told + self.script.save_s
 
     def _saving_from(self) -> float:
         """When the job stopped training to save (a notice or a cancel; never: inf)."""

@@ -142,9 +142,9 @@ class LaunchSession:
         or a :class:`ResumingStreamLoader`."""
         self._trainer: pl.Trainer | None = None
         self.pending_loader_states: list[dict[str, Any]] | None = None
+        """Where the restored checkpoint's loaders stood (set by the callback's state)."""
         self.pending_worker_bases: list[Any] | None = None
         """This rank's :meth:`worker_base_states` from the checkpoint resumed."""
-        """Where the restored checkpoint's loaders stood (set by the callback's state)."""
         self.before_training_loaders: Callable[[], None] | None = None
         """Run once before the first training loader is prepared (a resume's RNG)."""
 

@@ -152,7 +152,7 @@ class ResumingBatchSampler:
         if (
             pending is None
             or pending.get("closed")
-            or int(pending.get("epoch", -1)) != (self._epoch())
+            or int(pending.get("epoch", -1)) != self._epoch()
         ):
             return None, 0, before  # not resumed, or the checkpoint closed its epoch
         scale = int(pending.get("world_size", 1)) / pending["resumed_world"]
@@ -169,8 +169,6 @@ class ResumingBatchSampler:
         base = self._pending_base
         if base is None:
             return None
-        if self._passes_epoch != self._epoch():
-            self._passes_epoch, self._passes = self._epoch(), []
         pending, skip, _ = self._resolve(self._pending)
         if pending is None or skip >= len(self.inner):
             return None

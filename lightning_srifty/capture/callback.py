@@ -87,6 +87,7 @@ from lightning_srifty.capture.environment import (
 )
 from lightning_srifty.capture.flops import DeviceTolerantFlopCounter
 from lightning_srifty.capture.launch_mode import LaunchSession, LaunchSettings, time_limit
+from lightning_srifty.capture.loader_load import LoaderMeter
 from lightning_srifty.capture.script_facts import facts_for
 from lightning_srifty.capture.timing import (
     BucketAccumulator,
@@ -114,7 +115,7 @@ from lightning_srifty.core.launch_protocol import (
     ENV_STATE_DIR,
     SHORT_PROFILE_MARKER,
 )
-from lightning_srifty.core.profile import Environment, GradParam, Profile
+from lightning_srifty.core.profile import DataLoading, Environment, GradParam, Profile
 from lightning_srifty.io.profile_io import save_profile
 
 STATE_VERSION = 1
@@ -317,6 +318,8 @@ class SriftyCallback(pl.Callback):
         """The pass under way: its start, then each batch's start and end."""
         self._measuring = False
         self._in_step = False
+        self._loader_meter = LoaderMeter()
+        self._data_loading: DataLoading | None = None
         self._handles: list[RemovableHandle] = []
         self._hookless_params: list[torch.Tensor] = []
         self._recorder: ddp.BucketRecorder | None = None
@@ -416,6 +419,7 @@ class SriftyCallback(pl.Callback):
             if self._seen_steps == self._flop_step + 1:
                 self._window_global_step = int(trainer.global_step)
                 self._start_window(pl_module, batch)
+                self._loader_meter.start(trainer)
             if self._measuring:
                 self._micros, self._calls, self._stack = [], [], []
                 if self._recorder is not None:
@@ -873,6 +877,7 @@ class SriftyCallback(pl.Callback):
     def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Builds the profile from every rank's window, timed as the run trains."""
         self._host_share = self._measured_host_share(pl_module)
+        self._data_loading = self._loader_meter.finish(trainer, sum(self._micro_counts))
         self._remove_hooks()
         self._measuring = False
         if pl_module.device.type == "cuda":
@@ -1021,6 +1026,7 @@ class SriftyCallback(pl.Callback):
             ),  # fmt: skip
             script=facts_for(trainer),
             host_share=self._host_share,
+            data_loading=self._data_loading,
         )
 
     def _environment(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Environment:

@@ -17,6 +17,7 @@ from lightning_srifty.core.profile import (
     BlockTiming,
     Bucket,
     Communication,
+    DataLoading,
     Environment,
     GradParam,
     LayerTiming,
@@ -188,6 +189,8 @@ class ModelFacts:
     threads (``intra_op_threads``); ``None`` on GPUs."""
     hooks: dict[str, float] | None = None
     """The hooked window against the hook-free warm-up steps (:func:`hook_overhead_scale`)."""
+    data_loading: DataLoading | None = None
+    """The training loader's workers' CPU per batch over the window (with workers)."""
 
 
 def ancestors(name: str) -> list[str]:
@@ -387,6 +390,7 @@ def build_profile(measurements: Sequence[RankMeasurement], facts: ModelFacts) ->
         buckets=ordered[0].buckets,
         communication=communication,
         ranks=summaries,
+        data_loading=facts.data_loading,
         model_name=facts.model_name,
         created_at=facts.created_at,
         extra=_extra(facts),

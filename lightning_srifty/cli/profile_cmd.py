@@ -133,6 +133,8 @@ def _print_summary(profile: Profile, source: str, top: int) -> None:
         f"optimizer state {_bytes(mem.optimizer_state_bytes)}, activations "
         f"{_bytes(mem.activation_bytes)}, peak {_bytes(mem.peak_bytes)} ({mem.peak_kind})"
     )
+    if profile.data_loading is not None:
+        console.print(data_loading_line(profile), markup=False)
     if profile.communication is not None:
         comm = profile.communication
         console.print(
@@ -177,6 +179,18 @@ def _print_summary(profile: Profile, source: str, top: int) -> None:
             ],
             right=columns,
         )
+
+
+def data_loading_line(profile: Profile) -> str:
+    """What the loader's workers cost, and the step they would set on any faster GPU."""
+    loading = profile.data_loading
+    assert loading is not None
+    pace = loading.cpu_s_per_batch / loading.workers
+    return (
+        f"data loading: {loading.workers} worker(s), {_ms(loading.cpu_s_per_batch)} of CPU "
+        f"per batch ({loading.batches} batches): no step shorter than {_ms(pace)} at this "
+        f"batch, however fast the GPU (more workers and vCPUs per process lower it)"
+    )
 
 
 def float32_math_line(profile: Profile) -> str:

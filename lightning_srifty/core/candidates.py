@@ -36,6 +36,9 @@ class CandidateArrays:
     instance_type: np.ndarray | None = None
     """Instance type name per group (dtype object or str; ``None``: not known, as for
     synthetic candidates): where a probe refitted an instance type's own constants."""
+    vcpus: np.ndarray | None = None
+    """float: vCPUs of one node of the group (``None`` or 0: not known), for the data
+    loader's workers (:class:`~lightning_srifty.core.profile.DataLoading`)."""
 
     def single_type(self) -> np.ndarray:
         """Per candidate, the one instance type all its groups use (``""`` for a mix or
@@ -59,6 +62,7 @@ class CandidateArrays:
             self.gpu_memory_gib[rows],
             self.links,
             None if self.instance_type is None else self.instance_type[rows],
+            None if self.vcpus is None else self.vcpus[rows],
         )
 
     def link_columns(self) -> LinkColumns:
@@ -80,6 +84,7 @@ class CandidateArrays:
         link_index = np.zeros((n, width), dtype=np.int64)
         mem = np.zeros((n, width), dtype=np.float64)
         types = np.full((n, width), "", dtype=object)
+        vcpus = np.zeros((n, width), dtype=np.float64)
         links: dict[NodeLinks, int] = {}
         for i, cluster in enumerate(clusters):
             for j, group in enumerate(cluster.groups):
@@ -89,7 +94,8 @@ class CandidateArrays:
                 nodes[i, j] = group.nodes
                 link_index[i, j] = links.setdefault(group.offer.node_links, len(links))
                 mem[i, j] = group.offer.gpu_memory_gib
-        return CandidateArrays(acc, gpn, nodes, link_index, mem, tuple(links), types)
+                vcpus[i, j] = group.offer.vcpus
+        return CandidateArrays(acc, gpn, nodes, link_index, mem, tuple(links), types, vcpus)
 
 
 @dataclass(frozen=True)

@@ -582,6 +582,8 @@ class PerformanceModel:
         group_compute = np.where(
             present, slowdown * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
         )
+        # a step cannot outpace the loader's workers making its batches
+        group_compute = np.maximum(group_compute, self._loader_floor_s(profile, cand, b_int))
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle
         transfer_sigma = self._transfer_sigma(
@@ -743,6 +745,29 @@ class PerformanceModel:
             & (b_int <= max(batches))
         )
         return (world == 1) & _row_all(~present | same)
+
+    @staticmethod
+    def _loader_floor_s(profile: Profile, cand: CandidateArrays, b_int: np.ndarray) -> np.ndarray:
+        """Per group, the least step the training loader's workers allow (0 without a
+        measured loader: :class:`~lightning_srifty.core.profile.DataLoading`).
+
+        Each sample costs the workers the CPU time it cost when profiled; they run in
+        parallel on at most the node's vCPUs per process (every worker where the node's
+        vCPUs are not known). The training process is not counted against them: while
+        the loader sets the pace it waits for data on an idle core. A loader in the
+        training process itself is host time, already kept in the step.
+        """
+        loading = profile.data_loading
+        if loading is None or loading.cpu_s_per_batch <= 0 or not profile.is_detailed:
+            return np.zeros(b_int.shape)
+        gpn = np.maximum(np.asarray(cand.gpus_per_node, dtype=np.float64), 1.0)
+        cores = np.full(b_int.shape, float(loading.workers))
+        if cand.vcpus is not None:
+            node = np.asarray(cand.vcpus, dtype=np.float64)
+            cores = np.where(node > 0, np.maximum(node / gpn, 1.0), cores)
+        parallel = np.maximum(np.minimum(float(loading.workers), cores), 1.0)
+        per_sample = loading.cpu_s_per_batch / max(profile.environment.local_batch_size, 1)
+        return np.where(np.asarray(cand.nodes) > 0, per_sample * b_int / parallel, 0.0)
 
     @staticmethod
     def _transfer_sigma(

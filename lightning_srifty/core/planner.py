@@ -658,8 +658,16 @@ def _candidate_arrays(
     )
     mem = np.array([o.gpu_memory_gib for o in type_offers], dtype=float)
     names = np.array([o.instance_type for o in type_offers], dtype=object)
+    vcpus = np.array([o.vcpus for o in type_offers], dtype=float)
     return CandidateArrays(
-        acc[types], gpn[types], nodes, link[types], mem[types], tuple(distinct), names[types]
+        acc[types],
+        gpn[types],
+        nodes,
+        link[types],
+        mem[types],
+        tuple(distinct),
+        names[types],
+        vcpus[types],
     )
 
 

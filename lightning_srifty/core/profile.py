@@ -304,6 +304,34 @@ class Communication:
 
 
 @dataclass(frozen=True)
+class DataLoading:
+    """What the training loader's worker processes spent making batches while profiled.
+
+    With ``num_workers > 0`` batches are made in other processes while the GPU trains,
+    so a step waits for data only once the workers together make batches slower than
+    the step uses them: a profile on a slow GPU shows no wait, and the same loader can
+    set the pace on a GPU five times faster. The measured step cannot tell; the
+    workers' CPU time can (a loader in the training process is already in the step's
+    host time).
+    """
+
+    workers: int
+    """The loader's worker processes (``DataLoader(num_workers=...)``)."""
+    cpu_s_per_batch: float
+    """CPU seconds (user and system, all workers together) per batch they made."""
+    batches: int
+    """Batches the measurement covers."""
+
+    @staticmethod
+    def from_reader(r: Reader) -> DataLoading:
+        return DataLoading(
+            workers=r.int("workers", minimum=1),
+            cpu_s_per_batch=r.float("cpu_s_per_batch", minimum=0.0),
+            batches=r.int("batches", minimum=1),
+        )
+
+
+@dataclass(frozen=True)
 class Memory:
     """Memory the planner must fit on each device, in bytes."""
 
@@ -415,6 +443,8 @@ class Profile:
     batch_points: tuple[BatchPoint, ...] = ()
     ranks: tuple[RankSummary, ...] = ()
     stat_efficiency: StatEfficiency | None = None
+    data_loading: DataLoading | None = None
+    """The training loader's workers' cost, when it has workers (detailed profiles)."""
     model_name: str = ""
     created_at: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -443,6 +473,7 @@ class Profile:
         assert env is not None and steps is not None and mem is not None
         comm = r.child("communication", None)
         stat = r.child("stat_efficiency", None)
+        loading = r.child("data_loading", None)
         extra = r.raw("extra", {})
         if not isinstance(extra, dict):
             raise r.fail("extra", "expected an object")
@@ -461,6 +492,7 @@ class Profile:
             batch_points=tuple(BatchPoint.from_reader(x) for x in r.children("batch_points", [])),
             ranks=tuple(RankSummary.from_reader(x) for x in r.children("ranks", [])),
             stat_efficiency=StatEfficiency.from_reader(stat) if stat else None,
+            data_loading=DataLoading.from_reader(loading) if loading else None,
             model_name=r.str("model_name", ""),
             created_at=r.str("created_at", ""),
             extra=dict(extra),

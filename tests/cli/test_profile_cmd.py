@@ -133,3 +133,20 @@ def test_show_says_which_float32_math_the_plan_assumes(
     assert "matmuls FP32 (float32_matmul_precision 'highest')" in line
     assert "convolutions/RNNs TF32" in line
     assert 'set_float32_matmul_precision("high")' in line
+
+
+def test_show_says_what_the_loaders_workers_cost_and_the_step_they_allow(
+    profile_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(profile_path.read_text())
+    assert data["data_loading"] is None  # the digits loader runs in the training process
+    assert main(["profile", "show", str(profile_path)]) == 0
+    assert "data loading:" not in capsys.readouterr().out
+    data["data_loading"] = {"workers": 4, "cpu_s_per_batch": 0.02, "batches": 30}
+    path = tmp_path / "loaded.json"
+    path.write_text(json.dumps(data))
+    assert main(["profile", "show", str(path)]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    line = flat.split("data loading: ")[1]
+    assert line.startswith("4 worker(s), 20.000 ms of CPU per batch (30 batches)")
+    assert "no step shorter than 5.000 ms" in line

@@ -24,6 +24,7 @@ from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.perfmodel import PerformanceModel, expected_max_z, fit_compute_curve
 from lightning_srifty.core.profile import (
     BatchPoint,
+    DataLoading,
     Environment,
     LayerTiming,
     Memory,
@@ -490,6 +491,30 @@ def test_host_time_does_not_speed_up_on_a_faster_gpu() -> None:
     t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
     assert t4 == pytest.approx(0.14)  # on the profiled GPU nothing changes
     assert model.host_share(PROFILE) == 0.0  # a coarse profile has no split
+
+
+def test_a_faster_gpu_waits_for_the_loaders_workers_that_a_slower_one_never_waited_for() -> None:
+    # 0.10 s a step of device work on the T4 and no wait for data; 4 workers spend
+    # 0.24 CPU-s on each batch of 16, so they deliver one every 0.06 s given 4 cores
+    layer = LayerTiming("l", "b", "Linear", 0.02, 0.06, 10, 40, flops=1e12, activation_bytes=1)
+    steps = StepTimes(Spread(0.10, 0.10, 0.10, 10), 0.02, 0.06, 0.02, 0.0, 0, 10)
+    plain = dataclasses.replace(
+        coarse({16: 0.10}), kind="detailed", layers=(layer,), steps=steps, batch_points=()
+    )
+    loaded = dataclasses.replace(plain, data_loading=DataLoading(4, 0.24, 50))
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    v100 = one_group(1, 1, offer("V100", 1))
+    device = 0.10 * 8.1 * TC / 15.7  # compute-bound: by the achieved peak ratio
+    assert device < 0.06
+    assert model.predict(plain, v100).step_s == pytest.approx(device)
+    assert model.predict(loaded, v100).step_s == pytest.approx(0.06)
+    # on the profiled GPU the loader kept up, as measured
+    assert model.predict(loaded, one_group(1, 1, offer("T4", 1))).step_s == pytest.approx(0.10)
+    # a node of 3 vCPUs runs 3 of the 4 workers at once
+    small = Offer("small", "V100", 1, 16.0, 3, 16, "us-west-2", "usw2-az1", 3.0, 1.0, "PCIe", 10)
+    assert model.predict(loaded, one_group(1, 1, small)).step_s == pytest.approx(0.24 / 3)
+    # a coarse profile measured no loader: nothing changes
+    assert model.predict(dataclasses.replace(loaded, kind="coarse"), v100).step_s < 0.06
 
 
 def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_sockets() -> None:

@@ -11,6 +11,7 @@ from lightning_srifty.core.errors import ProfileError
 from lightning_srifty.core.profile import (
     PROFILE_SCHEMA_VERSION,
     BatchPoint,
+    DataLoading,
     Environment,
     Memory,
     Profile,
@@ -45,6 +46,16 @@ def test_round_trip_through_json() -> None:
     p = coarse_profile()
     again = Profile.from_dict(json.loads(json.dumps(p.to_dict())))
     assert again == p
+
+
+def test_the_loaders_measured_cost_round_trips_and_a_bad_one_names_its_field() -> None:
+    p = dataclasses.replace(coarse_profile(), data_loading=DataLoading(4, 0.012, 50))
+    assert Profile.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    assert Profile.from_dict(coarse_profile().to_dict()).data_loading is None  # older files
+    d = p.to_dict()
+    d["data_loading"]["workers"] = 0
+    with pytest.raises(ProfileError, match=r"data_loading\.workers"):
+        Profile.from_dict(d, source="p.json")
 
 
 def test_future_version_is_rejected_with_upgrade_hint() -> None:

@@ -1,0 +1,97 @@
+"""The profile records what the training loader's workers spend per batch (real Trainer,
+real DataLoader worker processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_srifty import SriftyCallback
+from lightning_srifty.capture.loader_load import cpu_seconds
+
+BATCH = 8
+CPU_PER_SAMPLE_S = 0.002
+
+
+class BurningDataset(Dataset[torch.Tensor]):
+    """Each sample costs its worker at least ``CPU_PER_SAMPLE_S`` of CPU time (a decode)."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        until = time.thread_time() + CPU_PER_SAMPLE_S
+        while time.thread_time() < until:
+            pass
+        return torch.full((4,), float(index % 7))
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _profile(root: Path, workers: int, samples: int = 4096) -> SriftyCallback:
+    callback = SriftyCallback(warmup_steps=3, profile_steps=20, verbose=False)
+    loader = DataLoader(
+        BurningDataset(samples),
+        batch_size=BATCH,
+        num_workers=workers,
+        multiprocessing_context="forkserver" if workers else None,
+    )
+    pl.Trainer(
+        max_steps=30,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=root,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        callbacks=[callback],
+    ).fit(Tiny(), train_dataloaders=loader)
+    return callback
+
+
+def test_a_loader_with_workers_records_their_cpu_per_batch(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, workers=2).profile
+    assert profile is not None and profile.data_loading is not None
+    loading = profile.data_loading
+    assert loading.workers == 2
+    assert loading.batches == 20  # the window's batches
+    burned = BATCH * CPU_PER_SAMPLE_S
+    # at least what each sample burned (less the clock's tick over the window), and not
+    # wildly more: a worker's own overhead per batch is small against 16 ms
+    assert burned - 0.02 / loading.batches * 2 <= loading.cpu_s_per_batch <= 3 * burned
+
+
+def test_a_loader_in_the_training_process_records_none(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, workers=0).profile
+    assert profile is not None and profile.data_loading is None
+
+
+def test_workers_replaced_inside_the_window_measure_nothing(tmp_path: Path) -> None:
+    # epochs of 5 batches: the window's 20 batches see new workers start 4 times, and
+    # the ended ones' CPU time cannot be read any more
+    profile = _profile(tmp_path, workers=2, samples=5 * BATCH).profile
+    assert profile is not None and profile.data_loading is None
+
+
+def test_a_process_that_is_gone_reads_as_unknown() -> None:
+    assert cpu_seconds((os.getpid(),)) is not None
+    assert cpu_seconds((os.getpid(), 2**22 + 12345)) is None

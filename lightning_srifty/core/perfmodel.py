@@ -582,6 +582,8 @@ class PerformanceModel:
         group_compute = np.where(
             present, slowdown * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
         )
+        # a validation pass runs at the compute's pace, not the training loader's
+        pass_pace = _row_max(group_compute)
         # a step cannot outpace the loader's workers making its batches
         group_compute = np.maximum(group_compute, self._loader_floor_s(profile, cand, b_int))
         mean_compute = _row_max(group_compute)
@@ -693,7 +695,7 @@ class PerformanceModel:
         if cost is not None:
             # a pass runs the job forward on these GPUs: its compute's pace, not the links'
             profiled = _row_max(np.where(present, at_b, 0.0))
-            pace = mean_compute / np.maximum(profiled, _LOG_FLOOR)
+            pace = pass_pace / np.maximum(profiled, _LOG_FLOOR)
             validation = cost.seconds_per_batch(pace, world)
         return {
             "validation": validation,

@@ -515,6 +515,15 @@ def test_a_faster_gpu_waits_for_the_loaders_workers_that_a_slower_one_never_wait
     assert model.predict(loaded, one_group(1, 1, small)).step_s == pytest.approx(0.24 / 3)
     # a coarse profile measured no loader: nothing changes
     assert model.predict(dataclasses.replace(loaded, kind="coarse"), v100).step_s < 0.06
+    # validation passes run at the GPU's pace, not the training loader's
+    passes = {"validation": {"batches_per_pass": 10, "train_batches_between": 100, "batch_s": 0.03}}
+    one = CandidateArrays.from_clusters([v100])
+    paced = [
+        model.predict_batch(dataclasses.replace(p, extra=passes), one).validation_s
+        for p in (plain, loaded)
+    ]
+    assert paced[0] is not None and paced[1] is not None and paced[0][0] > 0
+    assert paced[1][0] == pytest.approx(paced[0][0])
 
 
 def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_sockets() -> None:

@@ -129,6 +129,9 @@ class Prediction:
     """Effective network rate per node of the slowest node (``inf``: one node)."""
     validation_s: float = 0.0
     """Validation seconds per training batch (the script's passes), not in ``step_s``."""
+    loader_bound: bool = False
+    """The training loader's workers, not the GPU, set a group's compute (see
+    :class:`~lightning_srifty.core.profile.DataLoading`)."""
 
 
 @dataclass(frozen=True)
@@ -585,7 +588,9 @@ class PerformanceModel:
         # a validation pass runs at the compute's pace, not the training loader's
         pass_pace = _row_max(group_compute)
         # a step cannot outpace the loader's workers making its batches
-        group_compute = np.maximum(group_compute, self._loader_floor_s(profile, cand, b_int))
+        floor = self._loader_floor_s(profile, cand, b_int)
+        loader_bound = _row_max(present & (floor > 0) & (floor >= group_compute))
+        group_compute = np.maximum(group_compute, floor)
         mean_compute = _row_max(group_compute)
         compute = mean_compute * straggle
         transfer_sigma = self._transfer_sigma(
@@ -708,6 +713,7 @@ class PerformanceModel:
             "global_batch": _row_sum(b_int * workers).astype(np.int64),
             "compute": compute,
             "mean_compute": mean_compute,
+            "loader_bound": loader_bound,
             "allreduce": allreduce,
             "exposed": physics_step - compute,
             "memory_gib": memory,
@@ -936,6 +942,7 @@ class PerformanceModel:
             intra_bytes_s=float(out["intra_bw"][0]),
             inter_bytes_s=float(out["inter_bw"][0]),
             validation_s=float(out["validation"][0]),
+            loader_bound=bool(out["loader_bound"][0]),
         )
 
 

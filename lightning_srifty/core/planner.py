@@ -51,7 +51,12 @@ import numpy as np
 from lightning_srifty.core.candidates import CandidateArrays, StepTimeArrays
 from lightning_srifty.core.catalog import Offer, band_hourly_rate
 from lightning_srifty.core.cluster import Cluster, ClusterGroup, Plan
-from lightning_srifty.core.errors import ConfigError, InfeasibleError, ScriptLimitsReachedError
+from lightning_srifty.core.errors import (
+    ConfigError,
+    InfeasibleError,
+    PredictionError,
+    ScriptLimitsReachedError,
+)
 from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.lognormal import mean_factor, step_sigma
 from lightning_srifty.core.perfmodel import PerformanceModel, Prediction
@@ -1366,6 +1371,7 @@ def plan(
             break
         pool = available
     notes = [_batch_note(sem, steps0), *_stop_notes(table, meets, request.script_stop)]
+    notes.extend(_loader_notes(profile, model, plans[0] if plans else None))
     return PlanResult(
         plans=tuple(plans),
         baselines=tuple(_baselines(table, units, request, request.objective)),
@@ -1375,6 +1381,38 @@ def plan(
         batch=sem,
         notes=tuple(notes),
     )
+
+
+def _loader_notes(profile: Profile, model: PerformanceModel, best: Plan | None) -> list[str]:
+    """Where the training loader's workers, not the GPU, set plan #1's step: what would
+    shorten it (the model's loader floor, :class:`~lightning_srifty.core.profile.DataLoading`)."""
+    loading = profile.data_loading
+    if loading is None or best is None:
+        return []
+    try:
+        predicted = model.predict(profile, best.cluster, local_batch=best.per_process_batch or None)
+    except PredictionError:
+        return []
+    if not predicted.loader_bound:
+        return []
+    group = best.cluster.groups[0]
+    per_process = group.offer.vcpus / max(group.gpus_per_node, 1)
+    per_sample = loading.cpu_s_per_batch / max(profile.environment.local_batch_size, 1)
+    if loading.workers < per_process:
+        remedy = (
+            f"more num_workers (up to the {per_process:g} vCPUs per process of "
+            f"{group.offer.instance_type})"
+        )
+    else:
+        remedy = (
+            f"more vCPUs per GPU than {group.offer.instance_type}'s {per_process:g}, "
+            f"with num_workers to match,"
+        )
+    return [
+        f"plan #1's step is set by the training loader's {loading.workers} worker(s) "
+        f"({per_sample * 1e3:.3g} ms of CPU a sample), not by its GPUs: {remedy} or "
+        f"cheaper samples would shorten it"
+    ]
 
 
 def parse_pinned(text: str) -> tuple[tuple[str, int], ...]:

@@ -428,6 +428,7 @@ class SriftyCallback(pl.Callback):
         if self._flop_mode is not None:
             self._flop_mark = _flop_totals(self._flop_mode)
         if self._measuring:
+            self._loader_meter.observe(trainer, batch_idx)
             self._in_step = True
             self._seen_outputs = {}
             self._compute_from = (time.thread_time(), time.perf_counter())
@@ -877,7 +878,7 @@ class SriftyCallback(pl.Callback):
     def _end_window(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Builds the profile from every rank's window, timed as the run trains."""
         self._host_share = self._measured_host_share(pl_module)
-        self._data_loading = self._loader_meter.finish(trainer, sum(self._micro_counts))
+        self._data_loading = self._loader_meter.finish(trainer)
         self._remove_hooks()
         self._measuring = False
         if pl_module.device.type == "cuda":

@@ -8,6 +8,7 @@ would set the step (:class:`~lightning_srifty.core.profile.DataLoading`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -45,28 +46,87 @@ def cpu_seconds(pids: tuple[int, ...]) -> dict[int, float] | None:
     return out
 
 
+SEGMENT_BATCHES_PER_WORKER = 4
+"""Batches a set of workers must be read apart, per worker, to count: twice what they
+fetch ahead by default (``prefetch_factor=2`` each), so that the batches they made
+between two readings are close to the batches trained."""
+
+
+@dataclass
+class _Segment:
+    """One set of workers measured: its first reading and its latest."""
+
+    start: dict[int, float]
+    start_batch: int
+    end: dict[int, float] | None = None
+    end_batch: int = 0
+
+
 class LoaderMeter:
-    """Measures the training loader's workers between the window's start and end."""
+    """Measures the training loader's workers over the profile's window.
+
+    Workers read at the window's start and end. Without ``persistent_workers`` every
+    epoch starts new ones and the old ones exit before the epoch's last batch is
+    trained (Lightning fetches one batch ahead), so a window that crosses an epoch also
+    reads the workers at the epoch's second-to-last batch, and again once the new set
+    is seen: each set's CPU is counted between its own readings, against the batches
+    trained between them. Two reads an epoch at most: the step is not slowed.
+    """
 
     def __init__(self) -> None:
-        self._start: dict[int, float] | None = None
+        self._open: _Segment | None = None
+        self._closed: list[_Segment] = []
+        self._batches = 0
+        self._workers = 0
 
     def start(self, trainer: Any) -> None:
-        pids = train_loader_worker_pids(trainer)
-        self._start = cpu_seconds(pids) if pids else None
+        self._closed, self._batches, self._workers = [], 0, 0
+        self._open = self._segment(trainer)
 
-    def finish(self, trainer: Any, batches: int) -> DataLoading | None:
-        """The workers' CPU per batch over the window, or ``None`` when the loader has no
-        workers or its workers changed meanwhile (an epoch ended: a new set started,
-        and the old set's last CPU time cannot be read any more)."""
-        start, self._start = self._start, None
-        if not start or batches < 1:
-            return None
+    def _segment(self, trainer: Any) -> _Segment | None:
         pids = train_loader_worker_pids(trainer)
-        if set(pids) != set(start):
+        read = cpu_seconds(pids) if pids else None
+        if read:
+            self._workers = max(self._workers, len(read))
+        return _Segment(read, self._batches) if read else None
+
+    def observe(self, trainer: Any, batch_idx: int) -> None:
+        """Called at each batch's start inside the window."""
+        pids = set(train_loader_worker_pids(trainer))
+        current = self._open
+        if current is None or pids != set(current.start):
+            if current is not None and current.end is not None:
+                self._closed.append(current)
+            self._open = self._segment(trainer) if pids else None
+        else:
+            last = getattr(trainer, "num_training_batches", None)
+            if isinstance(last, int) and batch_idx == last - 2:
+                end = cpu_seconds(tuple(current.start))
+                if end is not None:
+                    current.end, current.end_batch = end, self._batches
+        self._batches += 1
+
+    def finish(self, trainer: Any) -> DataLoading | None:
+        """The workers' CPU per batch trained over the window; ``None`` when the loader
+        has no workers or no set of them could be read far enough apart (epochs shorter
+        than :data:`SEGMENT_BATCHES_PER_WORKER` batches a worker)."""
+        current, self._open = self._open, None
+        if current is not None:
+            pids = train_loader_worker_pids(trainer)
+            end = cpu_seconds(pids) if set(pids) == set(current.start) else None
+            if end is not None:
+                current.end, current.end_batch = end, self._batches
+            if current.end is not None:
+                self._closed.append(current)
+        spent = batches = 0.0
+        for seg in self._closed:
+            assert seg.end is not None
+            if seg.end_batch - seg.start_batch < SEGMENT_BATCHES_PER_WORKER * len(seg.start):
+                continue  # within the prefetch's reach: the readings say little
+            spent += sum(max(seg.end[p] - seg.start[p], 0.0) for p in seg.start)
+            batches += seg.end_batch - seg.start_batch
+        if batches < 1:
             return None
-        end = cpu_seconds(pids)
-        if end is None:
-            return None
-        spent = sum(max(end[p] - start[p], 0.0) for p in pids)
-        return DataLoading(workers=len(pids), cpu_s_per_batch=spent / batches, batches=batches)
+        return DataLoading(
+            workers=self._workers, cpu_s_per_batch=spent / batches, batches=int(batches)
+        )

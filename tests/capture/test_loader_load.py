@@ -85,9 +85,20 @@ def test_a_loader_in_the_training_process_records_none(tmp_path: Path) -> None:
     assert profile is not None and profile.data_loading is None
 
 
-def test_workers_replaced_inside_the_window_measure_nothing(tmp_path: Path) -> None:
-    # epochs of 5 batches: the window's 20 batches see new workers start 4 times, and
-    # the ended ones' CPU time cannot be read any more
+def test_a_window_across_epochs_measures_each_set_of_workers_between_its_readings(
+    tmp_path: Path,
+) -> None:
+    # epochs of 12 batches: the window's 20 batches see a new set of workers start
+    profile = _profile(tmp_path, workers=2, samples=12 * BATCH).profile
+    assert profile is not None and profile.data_loading is not None
+    loading = profile.data_loading
+    assert loading.workers == 2 and 8 <= loading.batches < 20
+    burned = BATCH * CPU_PER_SAMPLE_S
+    assert 0.5 * burned <= loading.cpu_s_per_batch <= 3 * burned
+
+
+def test_epochs_within_the_workers_prefetch_measure_nothing(tmp_path: Path) -> None:
+    # epochs of 5 batches: 2 workers fetch 4 ahead, so no set is read far enough apart
     profile = _profile(tmp_path, workers=2, samples=5 * BATCH).profile
     assert profile is not None and profile.data_loading is None
 

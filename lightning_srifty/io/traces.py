@@ -379,7 +379,9 @@ def coarse_profile(
 
     The float32 math mode is recorded as TF32 on for matmuls and cuDNN alike: the traces
     were taken with PyTorch before 1.12, whose default let both use TF32 on Ampere (their
-    A100 BERT runs 4.6 ms/sample, which the FP32 rate could not reach).
+    A100 BERT runs 4.6 ms/sample, which the FP32 rate could not reach; the Sia
+    artifact's job images are built on PyTorch 1.9.0 with CUDA 11.1:
+    ``adaptdl/benchmark/models/*/Dockerfile`` in siasosp23/artifacts).
     """
     if not single_gpu:
         raise TraceError(

@@ -77,17 +77,14 @@ class LoaderMeter:
         self._open: _Segment | None = None
         self._closed: list[_Segment] = []
         self._batches = 0
-        self._workers = 0
 
     def start(self, trainer: Any) -> None:
-        self._closed, self._batches, self._workers = [], 0, 0
+        self._closed, self._batches = [], 0
         self._open = self._segment(trainer)
 
     def _segment(self, trainer: Any) -> _Segment | None:
         pids = train_loader_worker_pids(trainer)
         read = cpu_seconds(pids) if pids else None
-        if read:
-            self._workers = max(self._workers, len(read))
         return _Segment(read, self._batches) if read else None
 
     def observe(self, trainer: Any, batch_idx: int) -> None:
@@ -118,15 +115,19 @@ class LoaderMeter:
                 current.end, current.end_batch = end, self._batches
             if current.end is not None:
                 self._closed.append(current)
-        spent = batches = 0.0
-        for seg in self._closed:
-            assert seg.end is not None
-            if seg.end_batch - seg.start_batch < SEGMENT_BATCHES_PER_WORKER * len(seg.start):
-                continue  # within the prefetch's reach: the readings say little
-            spent += sum(max(seg.end[p] - seg.start[p], 0.0) for p in seg.start)
-            batches += seg.end_batch - seg.start_batch
+        counted = [
+            seg
+            for seg in self._closed
+            if seg.end_batch - seg.start_batch >= SEGMENT_BATCHES_PER_WORKER * len(seg.start)
+        ]  # closer readings are within the prefetch's reach: they say little
+        batches = sum(seg.end_batch - seg.start_batch for seg in counted)
         if batches < 1:
             return None
+        spent = sum(
+            max(seg.end[p] - seg.start[p], 0.0) for seg in counted if seg.end for p in seg.start
+        )
         return DataLoading(
-            workers=self._workers, cpu_s_per_batch=spent / batches, batches=int(batches)
+            workers=max(len(seg.start) for seg in counted),
+            cpu_s_per_batch=spent / batches,
+            batches=batches,
         )

@@ -774,7 +774,7 @@ class PerformanceModel:
             node = np.asarray(cand.vcpus, dtype=np.float64)
             cores = np.where(node > 0, np.maximum(node / gpn, 1.0), cores)
         parallel = np.maximum(np.minimum(float(loading.workers), cores), 1.0)
-        per_sample = loading.cpu_s_per_batch / max(profile.environment.local_batch_size, 1)
+        per_sample = loading.cpu_s_per_sample(profile.environment.local_batch_size)
         return np.where(np.asarray(cand.nodes) > 0, per_sample * b_int / parallel, 0.0)
 
     @staticmethod

@@ -1397,7 +1397,7 @@ def _loader_notes(profile: Profile, model: PerformanceModel, best: Plan | None) 
         return []
     group = best.cluster.groups[0]
     per_process = group.offer.vcpus / max(group.gpus_per_node, 1)
-    per_sample = loading.cpu_s_per_batch / max(profile.environment.local_batch_size, 1)
+    per_sample = loading.cpu_s_per_sample(profile.environment.local_batch_size)
     if loading.workers < per_process:
         remedy = (
             f"more num_workers (up to the {per_process:g} vCPUs per process of "

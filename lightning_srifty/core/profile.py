@@ -322,6 +322,10 @@ class DataLoading:
     batches: int
     """Batches the measurement covers."""
 
+    def cpu_s_per_sample(self, batch_size: int) -> float:
+        """The workers' CPU per sample, for batches of ``batch_size`` as profiled."""
+        return self.cpu_s_per_batch / max(batch_size, 1)
+
     @staticmethod
     def from_reader(r: Reader) -> DataLoading:
         return DataLoading(

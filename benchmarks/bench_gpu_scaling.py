@@ -18,12 +18,20 @@
    a one-GPU cluster of the target hardware), so host time, the fixed per-step cost and
    the precision path are exercised as in ``srifty predict``. Per-model medians and the
    pooled median per direction; the target is a median of at most 15 % from the T4.
+3. **The compute ratio alone on the same traces**: per job and direction, the model's
+   device-time ratio against the measured ratio of per-sample costs (the slope of
+   one-GPU compute over the local batch, which leaves the host's fixed per-step time
+   out), with and without the boards' power limits
+   (``core.catalog.with_power_limits``): the T4's 70 W holds it at about 0.77 of its
+   boost clock, which its datasheet peak does not say. The clock each board holds is
+   printed first.
 
 Run: ``.venv/bin/python benchmarks/bench_gpu_scaling.py [--data-root DIR]``
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -40,7 +48,7 @@ from lightning_srifty.core.catalog import (
 )
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.fit.gpu_utilisation import fit_tensor_utilisation
-from lightning_srifty.fit.validation import single_gpu_transfer
+from lightning_srifty.fit.validation import per_sample_transfer, single_gpu_transfer
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_gpu_specs
 from lightning_srifty.io.lambda_bench import load_lambda_benchmark, single_gpu_throughput
@@ -139,6 +147,41 @@ def trace_pairs(root: Path) -> None:
         )
 
 
+def compute_ratio_pairs(root: Path) -> None:
+    specs = load_gpu_specs()
+    limited = ", ".join(
+        f"{name} {spec.sustained_clock:.2f}"
+        for name, spec in specs.items()
+        if spec.sustained_clock < 1.0
+    )
+    print(f"\n== clock held under the board's power limit (others 1): {limited} ==")
+    model = PerformanceModel(specs, load_default_calibration())
+    sets = {name: load_traces(root / name) for name in TRACE_SETS}
+    print("per-sample cost ratio, model over measured - 1 (+: target predicted too slow)")
+    for src, dst in itertools.permutations(sets.values(), 2):
+        per_job = per_sample_transfer(model, src, dst)
+        cells = " ".join(f"{job}:{100 * e:+.0f}" for job, e in sorted(per_job.items()))
+        print(f"{src.hardware.gpu:>16} -> {dst.hardware.gpu:<16} {cells}")
+    # T4 and Quadro RTX 6000 are one generation: the utilisation factor cancels, so
+    # the power limit is the only difference between the two predictions
+    datasheet = {n: dataclasses.replace(s, sustained_clock=1.0) for n, s in specs.items()}
+    turing = [sets["pollux-traces"], sets["sia-traces/quad"]]
+    for label, m in (
+        ("power limits", model),
+        ("datasheet clocks", PerformanceModel(datasheet, load_default_calibration())),
+    ):
+        errors = [
+            abs(math.log1p(e))
+            for src, dst in itertools.permutations(turing, 2)
+            for e in per_sample_transfer(m, src, dst).values()
+        ]
+        median = 100.0 * math.expm1(float(np.median(errors)))
+        print(
+            f"T4 <-> Quadro RTX 6000 with {label:<17} median |error| {median:5.1f} %, "
+            f"worst {100.0 * math.expm1(max(errors)):5.1f} % ({len(errors)} job-directions)"
+        )
+
+
 def main() -> None:
     import argparse
 
@@ -147,6 +190,7 @@ def main() -> None:
     args = parser.parse_args()
     lambda_pairs(args.data_root / "lambda-benchmark")
     trace_pairs(args.data_root)
+    compute_ratio_pairs(args.data_root)
 
 
 if __name__ == "__main__":

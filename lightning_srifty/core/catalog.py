@@ -8,8 +8,8 @@ lives in :mod:`lightning_srifty.io.catalog_io`; this module never touches files.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,6 +44,9 @@ class GpuSpec:
     """One-direction NVLink rate per GPU of the NVLink (SXM) form factor; 0 if none."""
     tdp_w: float = 0.0
     """Board power in W (0 = not published)."""
+    sustained_clock: float = 1.0
+    """Share of its boost clock the board's power limit lets it hold under a training
+    load (:func:`with_power_limits`; 1 = not power-limited)."""
 
 
 @dataclass(frozen=True)
@@ -469,8 +472,9 @@ GPU_GENERATIONS: dict[str, str] = {
     "T4": "turing", "T4g": "turing", "RTX 2080 Ti": "turing", "Quadro RTX 8000": "turing",
     "Quadro RTX 6000": "turing",
     "V100": "volta", "V100-32GB": "volta",
-    "A10": "ampere", "A10G": "ampere", "A100": "ampere", "A100-80GB": "ampere",
-    "A100-80GB-PCIE": "ampere", "RTX 3090": "ampere", "RTX A6000": "ampere", "A40": "ampere",
+    "A10": "ampere", "A10G": "ampere", "A100": "ampere", "A100-PCIE": "ampere",
+    "A100-80GB": "ampere", "A100-80GB-PCIE": "ampere", "RTX 3090": "ampere",
+    "RTX A6000": "ampere", "A40": "ampere",
     "L4": "ada", "L40S": "ada", "RTX 4090": "ada", "RTX 6000 Ada": "ada",
     "H100": "hopper", "H100-PCIE": "hopper", "H200": "hopper",
     "B200": "blackwell",
@@ -478,29 +482,90 @@ GPU_GENERATIONS: dict[str, str] = {
 """NVIDIA architecture of every GPU in ``gpu_specs.csv`` (NVIDIA's datasheets name it:
 Turing TU10x, Volta GV100, Ampere GA10x, Ada AD10x, Hopper GH100, Blackwell GB100)."""
 TENSOR_UTILISATION: dict[str, float] = {
-    "ada": 1.24,
-    "ampere": 1.13,
-    "hopper": 0.61,
-    "turing": 1.16,
-    "volta": 1.01,
+    "ada": 1.27,
+    "ampere": 1.17,
+    "hopper": 0.62,
+    "turing": 1.12,
+    "volta": 0.96,
 }
 """Achieved matrix-product utilisation per generation, relative to the others (a
 generation not listed: 1). The output of
 :func:`lightning_srifty.fit.gpu_utilisation.fit_tensor_utilisation` on Lambda's
 benchmark (``tests/fit/test_gpu_utilisation.py`` checks that it reproduces): Hopper
-reaches about half the share of its datasheet peak that Ampere does."""
+reaches about half the share of its peak that Ampere does. Fitted on the peaks at the
+sustained clock (:func:`with_power_limits`), so a power-limited board's shortfall is not
+charged to its generation."""
+
+
+POWER_FAMILIES: dict[str, str] = {
+    "T4": "turing", "T4g": "turing", "RTX 2080 Ti": "turing", "Quadro RTX 8000": "turing",
+    "Quadro RTX 6000": "turing",
+    "V100": "volta", "V100-32GB": "volta",
+    "A100": "ga100", "A100-PCIE": "ga100", "A100-80GB": "ga100", "A100-80GB-PCIE": "ga100",
+    "A10": "ga10x", "A10G": "ga10x", "RTX 3090": "ga10x", "RTX A6000": "ga10x", "A40": "ga10x",
+    "L4": "ada", "L40S": "ada", "RTX 4090": "ada", "RTX 6000 Ada": "ada",
+    "H100": "hopper", "H100-PCIE": "hopper", "H200": "hopper",
+    "B200": "blackwell",
+}  # fmt: skip
+"""GPUs whose chips spend the same energy per operation at the same clock: one
+architecture on one foundry process (NVIDIA's whitepapers: Turing TU102/TU104 and Volta
+GV100 on TSMC 12FFN, GA100 on TSMC 7N, GA102/GA104... on Samsung 8N, Ada AD10x and
+Hopper GH100 on TSMC 4N). Ampere is two families: its two processes differ."""
+POWER_LAW_EXPONENT = 3.0
+"""Dynamic power grows as ``f·V²`` and the supply voltage rises about linearly with the
+clock over a GPU's boost range, so power goes as the clock cubed."""
+
+
+def with_power_limits(specs: Mapping[str, GpuSpec]) -> dict[str, GpuSpec]:
+    """The spec table with every GPU's :attr:`GpuSpec.sustained_clock` set.
+
+    A datasheet's peak is at the boost clock, which a board holds only while its power
+    fits the board's limit. Within a :data:`POWER_FAMILIES` family the chips' energy
+    per operation at a clock is the same, so the member with the most board watts per
+    FP32 TFLOP/s is taken to hold its boost clock (its board was sized for it), and
+    another member at boost would draw its peak times that many watts per TFLOP/s.
+    Where that exceeds its own limit it runs at the clock that fits:
+    ``(limit / needed) ** (1/3)`` (:data:`POWER_LAW_EXPONENT`). The T4 (70 W) lands
+    at 0.77 of its boost against the RTX 2080 Ti's budget, which is what the traces'
+    per-sample costs show against the Quadro RTX 6000 (``benchmarks/bench_gpu_scaling.py``);
+    Lambda's benchmark has the A10 (150 W) at 0.63 of the RTX A6000's speed, the
+    datasheets at 0.79, the model with the limits at 0.73.
+    Memory bandwidth keeps its datasheet figure (the memory clock does not throttle).
+    A GPU outside the families, or with no published power, keeps 1.
+    """
+    watts_per_tflops: dict[str, float] = {}
+    for spec in specs.values():
+        family = POWER_FAMILIES.get(spec.name)
+        if family is not None and spec.tdp_w > 0:
+            ratio = spec.tdp_w / spec.fp32_tflops
+            watts_per_tflops[family] = max(watts_per_tflops.get(family, 0.0), ratio)
+    out = {}
+    for name, spec in specs.items():
+        family = POWER_FAMILIES.get(spec.name)
+        share = 1.0
+        if family is not None and spec.tdp_w > 0:
+            needed = spec.fp32_tflops * watts_per_tflops[family]
+            share = min(1.0, spec.tdp_w / needed) ** (1.0 / POWER_LAW_EXPONENT)
+        out[name] = replace(spec, sustained_clock=share)
+    return out
+
+
+def sustained_tflops(spec: GpuSpec, precision: str, tf32_share: float = 1.0) -> float:
+    """The peak a framework sees (:func:`peak_tflops`) at the clock the board's power
+    limit lets it hold (:attr:`GpuSpec.sustained_clock`)."""
+    return peak_tflops(spec, precision, tf32_share) * spec.sustained_clock
 
 
 def achieved_tflops(spec: GpuSpec, precision: str, tf32_share: float = 1.0) -> float:
-    """The matrix-product rate training reaches, relatively: the datasheet peak
-    (:func:`peak_tflops`) times its generation's :data:`TENSOR_UTILISATION`.
+    """The matrix-product rate training reaches, relatively: the peak at the sustained
+    clock (:func:`sustained_tflops`) times its generation's :data:`TENSOR_UTILISATION`.
 
     The generation's factor applies at either float32 rate: it was fitted with Volta's
     and Turing's fp32 rows at their CUDA-core rate, and no public benchmark separates
     CUDA-core from tensor-core reach on one GPU.
     """
     generation = GPU_GENERATIONS.get(spec.name, "")
-    return peak_tflops(spec, precision, tf32_share) * TENSOR_UTILISATION.get(generation, 1.0)
+    return sustained_tflops(spec, precision, tf32_share) * TENSOR_UTILISATION.get(generation, 1.0)
 
 
 def precision_kind(precision: str) -> str:
@@ -594,12 +659,18 @@ def layer_time_ratio(
         return None
     matmul = module_type in TENSOR_CORE_MODULES
     share = 1.0 if tf32 else 0.0
-    peak_s = (achieved_tflops(source, precision, share) if matmul else source.fp32_tflops) * 1e12
-    peak_t = (achieved_tflops(target, precision, share) if matmul else target.fp32_tflops) * 1e12
+    peak_s = achieved_tflops(source, precision, share) if matmul else _cuda_core_tflops(source)
+    peak_t = achieved_tflops(target, precision, share) if matmul else _cuda_core_tflops(target)
+    peak_s, peak_t = peak_s * 1e12, peak_t * 1e12
     bw_s, bw_t = source.mem_bw_gbps * 1e9, target.mem_bw_gbps * 1e9
     before = max(flops / peak_s, moved_bytes / bw_s)
     after = max(flops / peak_t, moved_bytes / bw_t)
     return after / before
+
+
+def _cuda_core_tflops(spec: GpuSpec) -> float:
+    """The FP32 CUDA-core rate at the sustained clock (non-matrix-product FLOPs)."""
+    return spec.fp32_tflops * spec.sustained_clock
 
 
 def layer_allows_tf32(module_type: str, matmul_tf32: bool, cudnn_tf32: bool) -> bool:

@@ -84,11 +84,12 @@ KERNEL_LAUNCH_S = 5e-6
 """Least time a GPU step spends per kernel it launches: PyTorch's eager launches cost
 5-20 us each on the CPU side (HolisticTraceAnalysis docs, "CUDA kernel launch stats"),
 so a step of many tiny layers cannot run faster than its launches however fast the GPU."""
-CROSS_GPU_SPREAD = 0.30
+CROSS_GPU_SPREAD = 0.27
 """Log-normal spread (sigma) of device time carried to another GPU type by the compute
 ratio. From the ratio's leave-pair-out error on Lambda's public benchmark
-(``benchmarks/bench_gpu_scaling.py``: 22.7 % median absolute error over the fp32 pairs,
-19.3 % fp16; sigma = ln(1.227)/0.6745), not from the traces the choice is judged on."""
+(``benchmarks/bench_gpu_scaling.py``: 20.3 % median absolute error over the fp32 pairs,
+16.9 % fp16, with the boards' power limits; sigma = ln(1.203)/0.6745), not from the
+traces the choice is judged on."""
 HOST_TRANSFER_SPREAD = math.log(2.0) / 1.2816
 """Log-normal spread of host time (the fixed per-step part a faster GPU does not
 shorten) on another GPU type's host: a prior of a factor of two either way at the 10 and

@@ -9,6 +9,8 @@ to the others: only ratios between GPUs matter when a profile moves from one to 
 
 The recipe: Lambda's single-GPU training throughput (fp32 and fp16, ten models) is
 ``log(samples/s) = a[model, precision] + s·log(peak·u[generation]) + (1-s)·log(bandwidth)``
+(``peak`` at the clock the board's power limit lets it hold:
+:func:`~lightning_srifty.core.catalog.sustained_tflops`)
 with ``s`` the whole-step compute share of the model
 (:data:`~lightning_srifty.core.catalog.COMPUTE_SHARE`, not fitted); linear least squares
 for the per-model work ``a`` and ``log u`` with a ridge prior pulling ``log u`` to 0
@@ -29,7 +31,7 @@ from lightning_srifty.core.catalog import (
     GPU_GENERATIONS,
     PRECISIONS,
     GpuSpec,
-    peak_tflops,
+    sustained_tflops,
 )
 from lightning_srifty.io.lambda_bench import LambdaRow, single_gpu_throughput
 
@@ -71,7 +73,7 @@ def fit_tensor_utilisation(
         x[i, works.index((precision, model))] = 1.0
         x[i, len(works) + generations.index(GPU_GENERATIONS[gpu])] = COMPUTE_SHARE
         y[i] = log_rate - (
-            COMPUTE_SHARE * math.log(peak_tflops(spec, precision))
+            COMPUTE_SHARE * math.log(sustained_tflops(spec, precision))
             + (1.0 - COMPUTE_SHARE) * math.log(spec.mem_bw_gbps)
         )
     for k in range(len(generations)):

@@ -321,6 +321,48 @@ def single_gpu_transfer(
     return out
 
 
+def per_sample_transfer(
+    model: PerformanceModel, source: TraceSet, target: TraceSet, min_batches: int = 3
+) -> dict[str, float]:
+    """Cross-GPU check of the compute ratio alone: per job, the model's ratio of
+    ``target``'s device time to ``source``'s over the measured ratio of their
+    per-sample costs, minus 1 (positive: ``target`` predicted too slow).
+
+    The per-sample cost is the slope of one-GPU compute (step minus sync) against the
+    local batch, fitted on each set over the batches both measured (at least
+    ``min_batches`` each). The slope leaves out the fixed per-step time, which is the
+    host's (Python, launches, the loader's hand-off) and differs with the host: what
+    is left is what the GPU sets, the part the compute ratio is for.
+    """
+    out = {}
+    for job in source.rows:
+        if job not in target.rows:
+            continue
+        src, dst = single_gpu_compute(source, job), single_gpu_compute(target, job)
+        lo, hi = max(min(src), min(dst)), min(max(src), max(dst))
+        slopes = []
+        for costs in (src, dst):
+            batches = [b for b in sorted(costs) if lo <= b <= hi]
+            if len(batches) < min_batches:
+                break
+            slopes.append(float(np.polyfit(batches, [costs[b] for b in batches], 1)[0]))
+        if len(slopes) < 2 or min(slopes) <= 0:
+            continue
+        profile = coarse_profile(source.models[job], source.single_gpu_rows(job), source.hardware)
+        ratio = model.compute_ratio(profile, target.hardware.gpu)
+        if ratio is not None:
+            out[job] = ratio / (slopes[1] / slopes[0]) - 1.0
+    return out
+
+
+def single_gpu_compute(traces: TraceSet, job: str) -> dict[int, float]:
+    """Mean one-GPU compute (step minus sync) per local batch."""
+    by: dict[int, list[float]] = {}
+    for row in traces.single_gpu_rows(job):
+        by.setdefault(row.local_bsz, []).append(row.step_time - row.sync_time)
+    return {b: float(np.mean(v)) for b, v in by.items()}
+
+
 @dataclass(frozen=True)
 class NetworkRate:
     """Two nodes of one instance type all-reducing a gradient, as the model predicts."""

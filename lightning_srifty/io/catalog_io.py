@@ -28,7 +28,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from lightning_srifty.core.catalog import INTRA_NODE_LINKS, Catalog, GpuSpec, NetworkSpec, Offer
+from lightning_srifty.core.catalog import (
+    INTRA_NODE_LINKS,
+    Catalog,
+    GpuSpec,
+    NetworkSpec,
+    Offer,
+    with_power_limits,
+)
 from lightning_srifty.core.errors import CatalogError
 from lightning_srifty.core.links import DEFAULT_EFA_MODE, EFA_MODES, INTERCONNECTS
 from lightning_srifty.io.jsonfile import read_json
@@ -426,7 +433,7 @@ def _load_gpu_table(
         _add_unique(specs, name, spec, line, label)
         if _flag(row, "trainable", line, label):
             trainable.add(name)
-    return specs, frozenset(trainable)
+    return with_power_limits(specs), frozenset(trainable)
 
 
 def _read_table(

@@ -26,7 +26,7 @@ LAMBDA_GPU_TO_SPEC = {
     "LambdaCloud V100 16GB": "V100",
     "RTX 3090": "RTX 3090",
     "LambdaCloud A10": "A10",
-    "LambdaCloud A100 40GB PCIe": "A100",
+    "LambdaCloud A100 40GB PCIe": "A100-PCIE",
     "A100 80GB PCIe": "A100-80GB-PCIE",
     "A100 80GB SXM4": "A100-80GB",
     "RTX 6000 Ada": "RTX 6000 Ada",
@@ -37,7 +37,8 @@ LAMBDA_GPU_TO_SPEC = {
 }
 """Lambda's row name (one system per GPU model) to the spec table's name.
 
-The A100 40GB PCIe has the same peak figures as the 40GB SXM row ``A100``; vendor
+The A100 40GB PCIe has the 40GB SXM row's peak figures at 250 W instead of 400 W
+(``A100-PCIE``: its power limit lowers the clock it holds); vendor
 variants of the same GPU (Dell, SMC, ...) are left out so each GPU counts once.
 """
 

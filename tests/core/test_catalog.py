@@ -11,8 +11,11 @@ from lightning_srifty.core.catalog import (
     Catalog,
     GpuSpec,
     Offer,
+    layer_time_ratio,
     peak_tflops,
     predicted_speed_ratio,
+    sustained_tflops,
+    with_power_limits,
 )
 from lightning_srifty.core.errors import CatalogError
 
@@ -165,3 +168,42 @@ def test_peak_tflops_rejects_unknown_precision() -> None:
     assert peak_tflops(_A, "fp32") == 20
     with pytest.raises(ValueError, match="valid: fp32, fp16"):
         peak_tflops(_A, "int8")
+
+
+def _board(name: str, fp32: float, watts: float, bw: float = 300.0) -> GpuSpec:
+    return GpuSpec(name, fp32, fp32, 8 * fp32, bw, 16, tdp_w=watts)
+
+
+def test_a_board_under_its_familys_power_budget_holds_the_clock_the_budget_allows() -> None:
+    # Turing: the RTX 2080 Ti's 250 W over 13.4 TFLOP/s is the family's budget; the
+    # T4 at its 8.1 peak would need 151 W and has 70 W, so its clock is (70/151)^(1/3)
+    specs = with_power_limits(
+        {
+            "RTX 2080 Ti": _board("RTX 2080 Ti", 13.4, 250),
+            "T4": _board("T4", 8.1, 70, bw=320),
+            "V100": _board("V100", 15.7, 300),  # alone in its family
+            "Mystery": _board("Mystery", 8.0, 10),  # in no family
+            "T4g": _board("T4g", 8.1, 0),  # power not published
+        }
+    )
+    needed = 8.1 * 250 / 13.4
+    assert specs["T4"].sustained_clock == pytest.approx((70 / needed) ** (1 / 3))
+    assert specs["T4"].sustained_clock == pytest.approx(0.774, abs=1e-3)
+    for name in ("RTX 2080 Ti", "V100", "Mystery", "T4g"):
+        assert specs[name].sustained_clock == 1.0, name
+    t4 = specs["T4"]
+    assert sustained_tflops(t4, "fp16") == pytest.approx(8 * 8.1 * t4.sustained_clock)
+    assert t4.mem_bw_gbps == 320  # the memory clock does not throttle
+    # compute-bound layers take the held clock, memory-bound ones the bandwidth alone
+    unlimited = GpuSpec("T4", 8.1, 8.1, 64.8, 320, 16)
+    fast = specs["RTX 2080 Ti"]
+    held = layer_time_ratio(1e12, 1.0, "Linear", t4, fast, "fp32")
+    boost = layer_time_ratio(1e12, 1.0, "Linear", unlimited, fast, "fp32")
+    assert held is not None and boost is not None
+    assert held / boost == pytest.approx(t4.sustained_clock)
+    memory_bound = layer_time_ratio(1.0, 1e12, "ReLU", t4, fast, "fp32")
+    assert memory_bound == layer_time_ratio(1.0, 1e12, "ReLU", unlimited, fast, "fp32")
+    assert memory_bound == pytest.approx(320 / 300)
+    # a budget above the family's loses nothing
+    roomy = with_power_limits({"T4": _board("T4", 8.1, 500), "RTX 2080 Ti": fast})
+    assert roomy["T4"].sustained_clock == 1.0

@@ -495,26 +495,26 @@ def test_host_time_does_not_speed_up_on_a_faster_gpu() -> None:
 
 def test_a_faster_gpu_waits_for_the_loaders_workers_that_a_slower_one_never_waited_for() -> None:
     # 0.10 s a step of device work on the T4 and no wait for data; 4 workers spend
-    # 0.24 CPU-s on each batch of 16, so they deliver one every 0.06 s given 4 cores
+    # 0.28 CPU-s on each batch of 16, so they deliver one every 0.07 s given 4 cores
     layer = LayerTiming("l", "b", "Linear", 0.02, 0.06, 10, 40, flops=1e12, activation_bytes=1)
     steps = StepTimes(Spread(0.10, 0.10, 0.10, 10), 0.02, 0.06, 0.02, 0.0, 0, 10)
     plain = dataclasses.replace(
         coarse({16: 0.10}), kind="detailed", layers=(layer,), steps=steps, batch_points=()
     )
-    loaded = dataclasses.replace(plain, data_loading=DataLoading(4, 0.24, 50))
+    loaded = dataclasses.replace(plain, data_loading=DataLoading(4, 0.28, 50))
     model = PerformanceModel(SPECS, Calibration(physics=PHYS))
     v100 = one_group(1, 1, offer("V100", 1))
     device = 0.10 * 8.1 * TC / 15.7  # compute-bound: by the achieved peak ratio
-    assert device < 0.06
+    assert device < 0.07
     assert model.predict(plain, v100).step_s == pytest.approx(device)
-    assert model.predict(loaded, v100).step_s == pytest.approx(0.06)
+    assert model.predict(loaded, v100).step_s == pytest.approx(0.07)
     # on the profiled GPU the loader kept up, as measured
     assert model.predict(loaded, one_group(1, 1, offer("T4", 1))).step_s == pytest.approx(0.10)
     # a node of 3 vCPUs runs 3 of the 4 workers at once
     small = Offer("small", "V100", 1, 16.0, 3, 16, "us-west-2", "usw2-az1", 3.0, 1.0, "PCIe", 10)
-    assert model.predict(loaded, one_group(1, 1, small)).step_s == pytest.approx(0.24 / 3)
+    assert model.predict(loaded, one_group(1, 1, small)).step_s == pytest.approx(0.28 / 3)
     # a coarse profile measured no loader: nothing changes
-    assert model.predict(dataclasses.replace(loaded, kind="coarse"), v100).step_s < 0.06
+    assert model.predict(dataclasses.replace(loaded, kind="coarse"), v100).step_s < 0.07
     # validation passes run at the GPU's pace, not the training loader's
     passes = {"validation": {"batches_per_pass": 10, "train_batches_between": 100, "batch_s": 0.03}}
     one = CandidateArrays.from_clusters([v100])
@@ -613,7 +613,7 @@ def _width(prediction: object) -> tuple[float, float]:
 
 def test_compute_carried_to_another_gpu_type_is_as_unsure_as_its_device_and_host_parts() -> None:
     """The interval of a one-GPU step on another GPU type: device time through the
-    compute ratio (sigma 0.30, from Lambda's leave-pair-out error), host time kept from a
+    compute ratio (sigma 0.27, from Lambda's leave-pair-out error), host time kept from a
     host it never ran on (a factor of two at the 10/90 % ends). On the profiled type the
     profile's own measurement stands, with no widening."""
     exact = Calibration(PHYS, residual_low=0.0, residual_high=0.0)
@@ -625,7 +625,7 @@ def test_compute_carried_to_another_gpu_type_is_as_unsure_as_its_device_and_host
         assert home.low_s == pytest.approx(home.step_s)
         assert home.high_s == pytest.approx(home.step_s)
     device = _width(model.predict(gpu_bound, one_group(1, 1, offer("V100", 4))))
-    assert device == pytest.approx((1.2816 * 0.30, 1.2816 * 0.30), rel=1e-3)
+    assert device == pytest.approx((1.2816 * 0.27, 1.2816 * 0.27), rel=1e-3)
     host = model.predict(host_bound, one_group(1, 1, offer("V100", 4)))
     assert host.step_s == pytest.approx(0.05)  # kept as measured
     assert _width(host) == pytest.approx((math.log(2.0), math.log(2.0)), rel=1e-3)
@@ -633,7 +633,7 @@ def test_compute_carried_to_another_gpu_type_is_as_unsure_as_its_device_and_host
     mixed = coarse({16: 0.10, 32: 0.15})  # 0.05 s fixed + 0.05 s per 16 samples on the T4
     pred = model.predict(mixed, one_group(1, 1, offer("V100", 4)))
     device_s = pred.step_s - 0.05
-    sigma = math.hypot(device_s * 0.30, 0.05 * math.log(2.0) / 1.2816) / pred.step_s
+    sigma = math.hypot(device_s * 0.27, 0.05 * math.log(2.0) / 1.2816) / pred.step_s
     assert _width(pred) == pytest.approx((1.2816 * sigma, 1.2816 * sigma), rel=1e-3)
 
 

@@ -8,7 +8,10 @@ target is missed the README says so and why.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,11 @@ import pytest
 from lightning_srifty.cli.main import main
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.perfmodel import PerformanceModel
-from lightning_srifty.fit.validation import single_gpu_transfer, two_node_network_rates
+from lightning_srifty.fit.validation import (
+    per_sample_transfer,
+    single_gpu_transfer,
+    two_node_network_rates,
+)
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_catalog, load_gpu_specs
 from lightning_srifty.io.traces import coarse_profile, load_traces
@@ -80,11 +87,37 @@ def test_single_gpu_steps_move_across_gpus(shared_data: Path) -> None:
     """T4 rows predict the A100 and the Quadro RTX 6000 at the same local batch."""
     model = PerformanceModel(load_gpu_specs(), load_default_calibration())
     source = load_traces(shared_data / "pollux-traces")
-    # measured: 27.0 % to the A100, 28.4 % to the RTX 6000 (median over rows)
+    # measured: 27.9 % to the A100, 30.9 % to the RTX 6000 (median over rows); before the
+    # T4's power limit, 27.0 % and 28.4 %: its fixed per-step time, kept as the host's,
+    # is what misses (the per-sample test below checks the compute ratio alone)
     for name, limit in (("sia-traces/dgx-ext", 0.31), ("sia-traces/quad", 0.32)):
         per_job = single_gpu_transfer(model, source, load_traces(shared_data / name))
         assert set(per_job) == set(source.rows)
         assert float(np.median(np.concatenate(list(per_job.values())))) <= limit, name
+
+
+def test_the_t4s_per_sample_cost_moves_to_the_quadro_by_its_power_limit(
+    shared_data: Path,
+) -> None:
+    """The T4 and the Quadro RTX 6000 are one generation (the utilisation cancels): the
+    per-sample cost of each of the six jobs, moved between them both ways, against the
+    measured slopes. Measured: median 13.0 %, worst 43 % (ncf, whose per-sample cost is
+    a few microseconds); at the datasheets' boost clocks 27.8 % and 62 %, every job the
+    T4 predicted too fast: its 70 W holds about 0.77 of its boost clock."""
+    specs = load_gpu_specs()
+    boost = {n: dataclasses.replace(spec, sustained_clock=1.0) for n, spec in specs.items()}
+    sets = [load_traces(shared_data / name) for name in ("pollux-traces", "sia-traces/quad")]
+    medians = {}
+    for label, table in (("held", specs), ("boost", boost)):
+        model = PerformanceModel(table, load_default_calibration())
+        errors = []
+        for src, dst in itertools.permutations(sets, 2):
+            per_job = per_sample_transfer(model, src, dst)
+            assert set(per_job) == set(src.rows)
+            errors += [abs(math.log1p(e)) for e in per_job.values()]
+        medians[label] = math.expm1(float(np.median(errors)))
+    assert medians["held"] <= 0.15
+    assert medians["boost"] > 0.2
 
 
 def test_single_gpu_intervals_across_gpus_hold_the_measured_steps(shared_data: Path) -> None:

@@ -354,6 +354,60 @@ class HardwareTerms:
 
 
 @dataclass(frozen=True)
+class ProbedStep:
+    """One probe's measurement of the job on one shape: the job, ``nodes`` nodes of one
+    instance type with ``gpus_per_node`` processes each, every process at
+    ``local_batch``.
+
+    A plan of exactly that shape runs what the probe ran, so its step is as sure as the
+    probe's measurement, not as the calibration's fit across rows (the refit moves the
+    prediction to it, but not the interval)."""
+
+    model: str
+    instance_type: str
+    nodes: int
+    gpus_per_node: int
+    local_batch: int
+    """Samples per process per optimizer step (the profile's step batch)."""
+    step_s: float
+    """Measured seconds per optimizer step."""
+    low_s: float
+    """10th percentile of the probe's step reports (``step_s`` where it reported one)."""
+    high_s: float
+    """90th percentile of the probe's step reports."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "instance_type": self.instance_type,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "local_batch": self.local_batch,
+            "step_s": self.step_s,
+            "low_s": self.low_s,
+            "high_s": self.high_s,
+        }
+
+    @staticmethod
+    def from_reader(r: Reader) -> ProbedStep:
+        step = r.float("step_s", positive=True)
+        low = r.float("low_s", positive=True)
+        high = r.float("high_s", positive=True)
+        if not low <= step <= high:
+            raise r.fail("step_s", f"must lie within [low_s, high_s] ({low}, {step}, {high})")
+        return ProbedStep(
+            model=r.str("model"),
+            instance_type=r.str("instance_type"),
+            nodes=r.int("nodes", minimum=1),
+            gpus_per_node=r.int("gpus_per_node", minimum=1),
+            local_batch=r.int("local_batch", minimum=1),
+            step_s=step,
+            low_s=low,
+            high_s=high,
+        )
+
+
+@dataclass(frozen=True)
 class Correction:
     """Multiplicative correction ``exp(tree(x))`` with a quantile interval."""
 
@@ -487,6 +541,9 @@ class Calibration:
     hardware_terms: tuple[HardwareTerms, ...] = ()
     """Constants refitted on probes of single instance types (see :class:`HardwareTerms`):
     they replace :attr:`physics` for clusters of that instance type alone."""
+    probed: tuple[ProbedStep, ...] = ()
+    """What probes measured, shape by shape: a plan of one of these shapes is as sure as
+    its probe (see :class:`ProbedStep`)."""
 
     def physics_on(self, instance_type: str) -> PhysicsConstants:
         """The hardware constants for a cluster of ``instance_type`` alone: a probe's
@@ -543,6 +600,7 @@ class Calibration:
             "unseen_widening": self.unseen_widening,
             "metrics": dict(self.metrics),
             "hardware_terms": [h.to_dict() for h in self.hardware_terms],
+            "probed": [x.to_dict() for x in self.probed],
         }
 
     @staticmethod
@@ -596,4 +654,5 @@ class Calibration:
             hardware_terms=tuple(
                 HardwareTerms.from_reader(h) for h in r.children("hardware_terms", [])
             ),
+            probed=tuple(ProbedStep.from_reader(x) for x in r.children("probed", [])),
         )

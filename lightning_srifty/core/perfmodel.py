@@ -695,6 +695,15 @@ class PerformanceModel:
             # multi-GPU fit's residuals
             low_log = np.where(rerun, -own_spread, low_log)
             high_log = np.where(rerun, own_spread, high_log)
+        low = step * np.exp(low_log)
+        high = step * np.exp(high_log)
+        hit, probe_step, p10, p90 = self._probed_shapes(profile, cand, b_int, present)
+        hit &= np.isfinite(step)
+        if hit.any():
+            # a shape a probe ran is as sure as the probe's measurement (around both the
+            # measurement and the refitted prediction, where the refit did not meet it)
+            low = np.where(hit, np.minimum(step, probe_step) * p10 / probe_step, low)
+            high = np.where(hit, np.maximum(step, probe_step) * p90 / probe_step, high)
         memory = np.where(present, static + per_sample * b_int, 0.0) / GIB
         validation = np.zeros(n)
         cost = validation_cost(profile)
@@ -706,8 +715,8 @@ class PerformanceModel:
         return {
             "validation": validation,
             "step": step,
-            "low": step * np.exp(low_log),
-            "high": step * np.exp(high_log),
+            "low": low,
+            "high": high,
             "fits": fits & all_known,
             "known": known,
             "local_batch": b_int.astype(np.int64),
@@ -754,6 +763,37 @@ class PerformanceModel:
             & (b_int <= max(batches))
         )
         return (world == 1) & _row_all(~present | same)
+
+    def _probed_shapes(
+        self, profile: Profile, cand: CandidateArrays, b_int: np.ndarray, present: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per candidate: whether a probe of this job ran exactly its shape (one instance
+        type, its nodes and processes per node, its per-process batch), and that probe's
+        measured step with its 10th and 90th percentiles
+        (:attr:`~lightning_srifty.core.calibration.Calibration.probed`)."""
+        n = cand.size
+        hit = np.zeros(n, dtype=bool)
+        measured, p10, p90 = np.ones(n), np.ones(n), np.ones(n)
+        name = profile.model_name or "job"
+        probes = [p for p in self.calibration.probed if p.model == name]
+        if not probes or cand.instance_type is None:
+            return hit, measured, p10, p90
+        one_group = _row_sum(present.astype(np.int64)) == 1
+        kinds = cand.single_type()
+        nodes = _row_max(np.where(present, cand.nodes, 0))
+        per_node = _row_max(np.where(present, cand.gpus_per_node, 0))
+        batch = _row_max(np.where(present, b_int, 0))
+        for p in probes:
+            same = (
+                one_group
+                & (kinds == p.instance_type)
+                & (nodes == p.nodes)
+                & (per_node == p.gpus_per_node)
+                & (batch == p.local_batch)
+            )
+            hit |= same
+            measured[same], p10[same], p90[same] = p.step_s, p.low_s, p.high_s
+        return hit, measured, p10, p90
 
     @staticmethod
     def _loader_floor_s(profile: Profile, cand: CandidateArrays, b_int: np.ndarray) -> np.ndarray:

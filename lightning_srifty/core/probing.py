@@ -302,6 +302,10 @@ class ProbeRecord:
     """Bus bandwidth the collective measurement shows (Gbit/s)."""
     predicted_gbps: float | None = None
     """The same link as the model predicted it before the probe (Gbit/s)."""
+    measured_low_s: float | None = None
+    """10th percentile of the probe's steady step reports (``None``: none reported)."""
+    measured_high_s: float | None = None
+    """90th percentile of the probe's steady step reports."""
     schema_version: int = PROBE_RECORD_SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -324,6 +328,8 @@ class ProbeRecord:
             "allreduce": [list(x) for x in self.allreduce],
             "measured_gbps": self.measured_gbps,
             "predicted_gbps": self.predicted_gbps,
+            "measured_low_s": self.measured_low_s,
+            "measured_high_s": self.measured_high_s,
         }
 
     @staticmethod
@@ -357,6 +363,8 @@ class ProbeRecord:
             allreduce=tuple((int(b), float(t)) for b, t in pairs),
             measured_gbps=_optional(r, "measured_gbps"),
             predicted_gbps=_optional(r, "predicted_gbps"),
+            measured_low_s=_optional(r, "measured_low_s"),
+            measured_high_s=_optional(r, "measured_high_s"),
             schema_version=version,
         )
 

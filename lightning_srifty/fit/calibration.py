@@ -48,6 +48,7 @@ from lightning_srifty.core.calibration import (
     HardwareTerms,
     JobTerms,
     PhysicsConstants,
+    ProbedStep,
 )
 from lightning_srifty.core.candidates import CandidateArrays
 from lightning_srifty.core.catalog import GpuSpec
@@ -1034,6 +1035,8 @@ class ProbeRun:
     """Measured seconds per optimizer update, every process at the profile's batch."""
     link: Mapping[str, float] = field(default_factory=dict)
     """Link constants its collective-bandwidth measurement gave (may be empty)."""
+    spread_s: tuple[float, float] | None = None
+    """10th and 90th percentiles of its step reports (``None``: not reported)."""
 
 
 def refit_on_probe_runs(
@@ -1087,7 +1090,45 @@ def refit_on_probe_runs(
         )
         for kind, done in rows.items()
     ]
-    return refit_on_probes(refitted, groups, gpu_specs, evidence=evidence)
+    refitted = refit_on_probes(refitted, groups, gpu_specs, evidence=evidence)
+    return replace(refitted, probed=_merged_probes(calibration.probed, probed_steps(profile, runs)))
+
+
+def probed_steps(profile: Profile, runs: Sequence[ProbeRun]) -> tuple[ProbedStep, ...]:
+    """The probes that ran one instance type in one shape and reported the spread of
+    their steps, as :class:`ProbedStep` records of the job at the profile's step batch (a
+    probe of a mix of types or shapes is a measurement of that mix only, which a plan
+    never runs again exactly; one with no spread says nothing of how sure it is)."""
+    name = profile.model_name or "job"
+    out = []
+    for run in runs:
+        if not run.instance_type or len(run.cluster.groups) != 1 or run.spread_s is None:
+            continue
+        group = run.cluster.groups[0]
+        low, high = run.spread_s
+        out.append(
+            ProbedStep(
+                model=name,
+                instance_type=run.instance_type,
+                nodes=group.nodes,
+                gpus_per_node=group.gpus_per_node,
+                local_batch=profile.environment.step_batch_size,
+                step_s=run.step_s,
+                low_s=min(low, run.step_s),
+                high_s=max(high, run.step_s),
+            )
+        )
+    return tuple(out)
+
+
+def _merged_probes(old: Sequence[ProbedStep], new: Sequence[ProbedStep]) -> tuple[ProbedStep, ...]:
+    """``old`` with every shape ``new`` measured again replaced by its newer measurement."""
+
+    def shape(p: ProbedStep) -> tuple[str, str, int, int, int]:
+        return p.model, p.instance_type, p.nodes, p.gpus_per_node, p.local_batch
+
+    fresh = {shape(p) for p in new}
+    return tuple(p for p in old if shape(p) not in fresh) + tuple(new)
 
 
 def _clamped(values: Mapping[str, float]) -> dict[str, float]:

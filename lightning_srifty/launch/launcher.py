@@ -1086,6 +1086,8 @@ def _run_probe(
         predicted_low_s=before.low_s,
         predicted_high_s=before.high_s,
         measured_step_s=report.measured_step_s,
+        measured_low_s=report.spread_s[0] if report.spread_s else None,
+        measured_high_s=report.spread_s[1] if report.spread_s else None,
         steps=report.steps,
         elapsed_s=report.elapsed_s,
         cost_usd=cost,
@@ -1117,6 +1119,14 @@ def _run_probe(
         f"({report.steps} steps, {paid})"
     )
     return record
+
+
+def _probe_spread(record: ProbeRecord, accumulate: int) -> tuple[float, float] | None:
+    """The probe's 10th and 90th percentile steps per optimizer update (``None`` where
+    the record has none: an older record, or no steady report)."""
+    if record.measured_low_s is None or record.measured_high_s is None:
+        return None
+    return record.measured_low_s * accumulate, record.measured_high_s * accumulate
 
 
 def refit_on_probe_records(
@@ -1153,6 +1163,7 @@ def refit_on_probe_records(
                 instance_type=kind,
                 step_s=record.measured_step_s * k,
                 link=dict(link.constants) if link is not None else {},
+                spread_s=_probe_spread(record, k),
             )
         )
     calibration = refit_on_probe_runs(model.calibration, profile, runs, model.gpu_specs)

@@ -3,6 +3,7 @@ at what it ran, and the profiled GPU keeps the profile's measurement."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -119,6 +120,53 @@ def test_the_launchers_probe_refit_prices_each_probed_type_at_its_probe() -> Non
     assert after["A10G"][0] == pytest.approx(runs[0].step_s, rel=0.03)
     assert after["V100"][0] == pytest.approx(runs[1].step_s, rel=0.03)
     assert after["T4"] == pytest.approx(before["T4"])
+
+
+def test_a_plan_of_the_shape_a_probe_ran_is_as_sure_as_the_probe() -> None:
+    """After the refit the probed shape is predicted at its probe, but its interval was
+    the calibration's row residual (about +-12 %), so a probed plan that meets a
+    deadline with a 5 % margin was given up at 0.9 confidence. The shape a probe ran (its
+    instance type, nodes, processes per node and batch) now spans the probe's own step
+    reports; every other shape keeps the model's interval."""
+    cal = load_default_calibration()
+    profile = _profile()
+    model = PerformanceModel(SPECS, cal)
+    measured = 1.5 * model.predict(profile, _one_gpu("A10G")).step_s
+    spread = (0.98 * measured, 1.03 * measured)
+    runs = [
+        ProbeRun(_one_gpu("A10G"), "a10g-box", measured, spread_s=spread),
+        ProbeRun(_one_gpu("V100"), "v100-box", 0.2, spread_s=None),  # no spread reported
+        ProbeRun(_one_gpu("L4"), "", 0.3, spread_s=(0.29, 0.31)),  # a mix: no one type
+    ]
+    refitted = refit_on_probe_runs(cal, profile, runs, SPECS)
+    assert [
+        (p.instance_type, p.nodes, p.gpus_per_node, p.local_batch) for p in refitted.probed
+    ] == [("a10g-box", 1, 1, 32)]
+    after = PerformanceModel(SPECS, refitted)
+    probed = after.predict(profile, _one_gpu("A10G"))
+    assert probed.low_s <= spread[0] * 1.0001 and probed.high_s >= spread[1] * 0.9999
+    assert probed.low_s >= min(probed.step_s, measured) * 0.98 * 0.9999
+    assert probed.high_s <= max(probed.step_s, measured) * 1.03 * 1.0001
+    wide = model.predict(profile, _one_gpu("A10G"))
+    assert (probed.high_s - probed.low_s) / probed.step_s < 0.5 * (
+        (wide.high_s - wide.low_s) / wide.step_s
+    )
+    # another batch, another node count and another job are not what the probe ran
+    for p in (
+        after.predict(profile, _one_gpu("A10G"), local_batch=16),
+        after.predict(profile, _nodes("A10G", 2)),
+        after.predict(dataclasses.replace(profile, model_name="Other"), _one_gpu("A10G")),
+        after.predict(profile, _one_gpu("V100")),
+    ):
+        assert (p.high_s - p.low_s) / p.step_s > 0.15
+    # a later probe of the same shape replaces the earlier one
+    again = refit_on_probe_runs(
+        refitted,
+        profile,
+        [ProbeRun(_one_gpu("A10G"), "a10g-box", measured, spread_s=(measured, measured))],
+        SPECS,
+    )
+    assert [(p.low_s, p.high_s) for p in again.probed] == [(measured, measured)]
 
 
 def _nodes(acc: str, nodes: int) -> Cluster:

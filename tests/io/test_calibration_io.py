@@ -13,6 +13,7 @@ from lightning_srifty.core.calibration import (
     EVERY_ACCELERATOR,
     Calibration,
     HardwareTerms,
+    ProbedStep,
 )
 from lightning_srifty.core.errors import CalibrationError
 from lightning_srifty.io.calibration_io import (
@@ -97,6 +98,28 @@ def test_per_gpu_measured_compute_scales_round_trip_and_are_checked(
         load_calibration(path)
     # a file without per-GPU scales (written before them) reads as before
     assert "measured_scales" not in default.to_dict()["jobs"][0]
+
+
+def test_probed_shapes_round_trip_and_a_step_outside_its_spread_is_named(
+    default: Calibration, tmp_path: Path
+) -> None:
+    probe = ProbedStep("bert", "g5.xlarge", 1, 1, 16, 0.20, 0.19, 0.22)
+    refitted = dataclasses.replace(default, probed=(probe,))
+    path = save_calibration(refitted, tmp_path / "cal.json")
+    assert load_calibration(path) == refitted
+    doc = refitted.to_dict()
+    doc["probed"][0]["low_s"] = 0.25
+    _write(path, doc)
+    with pytest.raises(CalibrationError, match=r"cal\.json.*probed\[0\]\.step_s.*low_s"):
+        load_calibration(path)
+    doc["probed"][0] = {**probe.to_dict(), "nodes": 0}
+    _write(path, doc)
+    with pytest.raises(CalibrationError, match=r"probed\[0\]\.nodes"):
+        load_calibration(path)
+    # a file written before probed shapes were kept reads as none
+    del doc["probed"]
+    _write(path, doc)
+    assert load_calibration(path).probed == ()
 
 
 def _write(path: Path, doc: dict) -> Path:  # type: ignore[type-arg]

@@ -16,6 +16,7 @@ RECORD = ProbeRecord(
     procs_per_node=2, stand_in=False, predicted_step_s=0.2, predicted_low_s=0.15,
     predicted_high_s=0.3, measured_step_s=0.41, steps=40, elapsed_s=95.0, cost_usd=0.1,
     allreduce=((65536, 2e-4), (1 << 22, 4e-3)), measured_gbps=7.5, predicted_gbps=30.0,
+    measured_low_s=0.39, measured_high_s=0.45,
 )  # fmt: skip
 
 
@@ -36,6 +37,7 @@ def test_a_probe_record_round_trips_through_versioned_json(tmp_path: Path) -> No
         ({"measured_step_s": -1.0}, r"probe-2\.json.*measured_step_s"),
         ({"allreduce": [[1, 2, 3]]}, r"probe-2\.json.*allreduce.*\[bytes, seconds\]"),
         ({"nodes": 0}, r"probe-2\.json.*nodes"),
+        ({"measured_low_s": "fast"}, r"probe-2\.json.*measured_low_s"),
     ],
 )
 def test_a_bad_probe_record_is_one_line_naming_file_and_field(

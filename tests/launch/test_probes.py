@@ -162,6 +162,14 @@ def test_a_probe_refits_the_probed_hardware_and_leaves_the_rest(
     assert duo.measured_gbps is not None and duo.measured_gbps > 0
     assert duo.cost_usd == pytest.approx(duo.elapsed_s / 3600 * 1.6)
     assert load_probe_record(run_dir / f"probe-{duo.index}.json") == duo
+    # the spread of its steady steps: the shape it ran is now as sure as that
+    assert duo.measured_low_s is not None and duo.measured_high_s is not None
+    assert duo.measured_low_s <= duo.measured_step_s <= duo.measured_high_s
+    shape = next(p for p in cal.probed if p.instance_type == "duo")
+    assert (shape.nodes, shape.gpus_per_node) == (duo.nodes, duo.procs_per_node)
+    k = profile.environment.accumulate_grad_batches
+    assert shape.step_s == pytest.approx(duo.measured_step_s * k)
+    assert shape.low_s == pytest.approx(duo.measured_low_s * k)
 
     said = "\n".join(ui.messages)
     assert "Gbps measured against" in said and "duo's hardware terms refitted on" in said

@@ -659,18 +659,16 @@ def layer_time_ratio(
         return None
     matmul = module_type in TENSOR_CORE_MODULES
     share = 1.0 if tf32 else 0.0
-    peak_s = achieved_tflops(source, precision, share) if matmul else _cuda_core_tflops(source)
-    peak_t = achieved_tflops(target, precision, share) if matmul else _cuda_core_tflops(target)
-    peak_s, peak_t = peak_s * 1e12, peak_t * 1e12
+    if matmul:
+        peak_s = achieved_tflops(source, precision, share) * 1e12
+        peak_t = achieved_tflops(target, precision, share) * 1e12
+    else:  # other modules' FLOPs run on the CUDA cores: the FP32 rate at the held clock
+        peak_s = sustained_tflops(source, "fp32", 0.0) * 1e12
+        peak_t = sustained_tflops(target, "fp32", 0.0) * 1e12
     bw_s, bw_t = source.mem_bw_gbps * 1e9, target.mem_bw_gbps * 1e9
     before = max(flops / peak_s, moved_bytes / bw_s)
     after = max(flops / peak_t, moved_bytes / bw_t)
     return after / before
-
-
-def _cuda_core_tflops(spec: GpuSpec) -> float:
-    """The FP32 CUDA-core rate at the sustained clock (non-matrix-product FLOPs)."""
-    return spec.fp32_tflops * spec.sustained_clock
 
 
 def layer_allows_tf32(module_type: str, matmul_tf32: bool, cudnn_tf32: bool) -> bool:

@@ -289,11 +289,12 @@ def summarise(results: Sequence[HeldOutResult], protocol: str) -> dict[str, Any]
     }
 
 
-def single_gpu_steps(traces: TraceSet, model: str) -> dict[int, float]:
-    """Mean measured one-GPU step per local batch."""
+def single_gpu_steps(traces: TraceSet, model: str, *, less_sync: bool = False) -> dict[int, float]:
+    """Mean measured one-GPU step per local batch (its compute with ``less_sync``: the
+    step minus the one-GPU hook's sync time)."""
     by: dict[int, list[float]] = {}
     for r in traces.single_gpu_rows(model):
-        by.setdefault(r.local_bsz, []).append(r.step_time)
+        by.setdefault(r.local_bsz, []).append(r.step_time - (r.sync_time if less_sync else 0.0))
     return {b: float(np.mean(v)) for b, v in by.items()}
 
 
@@ -338,7 +339,8 @@ def per_sample_transfer(
     for job in source.rows:
         if job not in target.rows:
             continue
-        src, dst = single_gpu_compute(source, job), single_gpu_compute(target, job)
+        src = single_gpu_steps(source, job, less_sync=True)
+        dst = single_gpu_steps(target, job, less_sync=True)
         lo, hi = max(min(src), min(dst)), min(max(src), max(dst))
         slopes = []
         for costs in (src, dst):
@@ -353,14 +355,6 @@ def per_sample_transfer(
         if ratio is not None:
             out[job] = ratio / (slopes[1] / slopes[0]) - 1.0
     return out
-
-
-def single_gpu_compute(traces: TraceSet, job: str) -> dict[int, float]:
-    """Mean one-GPU compute (step minus sync) per local batch."""
-    by: dict[int, list[float]] = {}
-    for row in traces.single_gpu_rows(job):
-        by.setdefault(row.local_bsz, []).append(row.step_time - row.sync_time)
-    return {b: float(np.mean(v)) for b, v in by.items()}
 
 
 @dataclass(frozen=True)

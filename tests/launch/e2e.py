@@ -29,6 +29,12 @@ def only_run(root: Path) -> Path:
     return runs[0]
 
 
+def preemption_lines(run: Path) -> list[str]:
+    """The run's ``migrations.jsonl`` lines: none (and no file) where nothing moved it."""
+    path = run / "migrations.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def attempt_logs(root: Path, lines: int = 40) -> str:
     """The last lines of every attempt's node logs under ``root/srifty_runs``: what a
     failed end-to-end run's assertion message shows (CI keeps no run folders)."""

@@ -3,12 +3,15 @@
 ``benchmarks/gpu/measure_jobs.py`` rebuilt four of the traces' jobs (ResNet-18 CIFAR,
 ResNet-50 AMP, BERT-base QA, DeepSpeech2; ``pollux-traces/models.json``) and ran them
 on a lent H100 (results in ``benchmarks/gpu/h100-2026-11-27/``). No fit has seen an
-H100 row: the Lambda table fits Hopper's tensor utilisation, nothing else. Three checks:
+H100 row: the Lambda table fits Hopper's tensor utilisation, nothing else. The checks:
 
 1. **Capture**: the step a ``SriftyCallback`` profile records on that GPU against the
    same ``Trainer`` without the callback (median of the same step indices), before
    (``profile-<job>-hooked.json``: per-layer hooks in the window's time) and after the
    hook-free timing.
+1c. **H100 profile -> the same H100 at other batches**: each job's profile (one batch)
+   predicting the plain steps measured at the other four, beside the model with every
+   layer's time counted as work (before its latency was split off).
 2. **Traces -> H100**: each job's one-GPU per-sample slope (step time against batch,
    least squares over the batches measured) predicted from each trace hardware's coarse
    profile onto one H100 of a p5.48xlarge, against the slope measured with plain
@@ -208,8 +211,65 @@ def traces_to_h100(model: PerformanceModel, sets: dict[str, TraceSet], results: 
     )
 
 
+class AllWork(PerformanceModel):
+    """The model before layer latency was split off: every layer's time is work, scaled
+    with the batch and by each layer's roofline ratio (the comparison column)."""
+
+    def layer_work(self, profile: Profile) -> list[tuple[Any, float]]:
+        return [
+            (x, x.forward_s + x.backward_s)
+            for x in profile.layers
+            if x.forward_s + x.backward_s > 0
+        ]
+
+
+def h100_other_batches(model: PerformanceModel, results: Path) -> None:
+    print("== 1c. H100 profile -> the same H100 at the other batches measured (plain steps)")
+    print(
+        f"{'job':12s} {'batch':>5s} {'meas ms':>8s} {'pred ms':>8s} {'err':>6s} "
+        f"{'all work':>8s} {'err':>6s}"
+    )
+    p5 = next(o for o in load_catalog("bundled").offers if o.instance_type == "p5.48xlarge")
+    h100 = Cluster((ClusterGroup(p5, 1, 1),))
+    old = AllWork(model.gpu_specs, model.calibration)
+    measured = json.loads((results / "steps.json").read_text())["rows"]
+    maths = {"cifar10": "tf32", "imagenet": "amp", "bert": "tf32", "deepspeech2": "fp32"}
+    errors: dict[str, list[float]] = {"now": [], "all work": []}
+    for job, math_ in maths.items():
+        path = results / f"profile-{job}.json"
+        if not path.exists():
+            continue
+        profile = h100_profile(path)
+        profiled = profile.environment.step_batch_size
+        rows = {
+            r["local_bsz"]: r["step_s"] for r in measured if (r["job"], r["math"]) == (job, math_)
+        }
+        for b, step in sorted(rows.items()):
+            now = model.predict(profile, h100, local_batch=b).step_s
+            before = old.predict(profile, h100, local_batch=b).step_s
+            if b != profiled:
+                errors["now"].append(abs(now / step - 1))
+                errors["all work"].append(abs(before / step - 1))
+            cells = [(now, now / step - 1), (before, before / step - 1)]
+            shown = " ".join(f"{t * 1e3:8.1f} {100 * e:+5.0f}%" for t, e in cells)
+            mark = "  (profiled)" if b == profiled else ""
+            print(f"{job:12s} {b:5d} {step * 1e3:8.1f} {shown}{mark}")
+        latency = model.layer_latency_s(profile)
+        layers = sum(x.forward_s + x.backward_s for x in profile.layers)
+        print(
+            f"{'':12s} layer latency {latency * 1e3:.1f} ms of {layers * 1e3:.1f} ms of layer time"
+        )
+    if errors["now"]:
+        print(
+            f"   other batches: median |error| {100 * statistics.median(errors['now']):.0f} % "
+            f"(every layer's time as work: {100 * statistics.median(errors['all work']):.0f} %)\n"
+        )
+
+
 def h100_to_traces(model: PerformanceModel, sets: dict[str, TraceSet], results: Path) -> None:
     print("== 3. H100 profile (SriftyCallback) -> one GPU of each trace hardware")
+    old = AllWork(model.gpu_specs, model.calibration)
+    old_errors = []
     print(
         f"{'job':12s} {'to':16s} {'batch':>5s} {'meas ms':>8s} {'pred ms':>8s} {'err':>6s} "
         f"{'slope meas':>10s} {'pred':>7s}"
@@ -230,6 +290,8 @@ def h100_to_traces(model: PerformanceModel, sets: dict[str, TraceSet], results: 
             real_slope, pred_slope = slope(steps), slope(predicted)
             if job in JUDGED:
                 slope_errors.append(abs(pred_slope / real_slope - 1))
+                before = {b: old.predict(profile, cluster, local_batch=b).step_s for b in steps}
+                old_errors.append(abs(slope(before) / real_slope - 1))
             err = predicted[batch] / steps[batch] - 1
             print(
                 f"{job:12s} {traces.hardware.gpu[:16]:16s} {batch:5d} {steps[batch] * 1e3:8.1f} "
@@ -239,7 +301,8 @@ def h100_to_traces(model: PerformanceModel, sets: dict[str, TraceSet], results: 
     if slope_errors:
         print(
             f"   judged jobs: median |slope error| {100 * statistics.median(slope_errors):.0f} %"
-            " (the traces' steps also hold AdaptDL's host work, which the H100 run has not)"
+            f" (every layer's time as work: {100 * statistics.median(old_errors):.0f} %; the"
+            " traces' steps also hold AdaptDL's host work, which the H100 run has not)"
         )
 
 
@@ -309,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     capture(args.results)
     capture_repeated(args.traces)
+    h100_other_batches(PerformanceModel(load_gpu_specs(), load_default_calibration()), args.results)
     if not all((args.data_root / k).is_dir() for k in KINDS):
         print(f"skipped checks 2-3: the traces are not in {args.data_root}")
         return 0

@@ -135,6 +135,9 @@ def _print_summary(profile: Profile, source: str, top: int) -> None:
     )
     if profile.data_loading is not None:
         console.print(data_loading_line(profile), markup=False)
+    latency = layer_latency_line(profile)
+    if latency:
+        console.print(latency, markup=False)
     if profile.communication is not None:
         comm = profile.communication
         console.print(
@@ -190,6 +193,27 @@ def data_loading_line(profile: Profile) -> str:
         f"data loading: {loading.workers} worker(s), {_ms(loading.cpu_s_per_batch)} of CPU "
         f"per batch ({loading.batches} batches): no step shorter than {_ms(pace)} at this "
         f"batch, however fast the GPU (more workers and vCPUs per process lower it)"
+    )
+
+
+def layer_latency_line(profile: Profile) -> str:
+    """How much of a GPU profile's layer time is latency, kept per step on every GPU and
+    batch, and how much is work that scales (empty where the model splits nothing)."""
+    from lightning_srifty.core.perfmodel import ROOFLINE_EFFICIENCY, PerformanceModel
+    from lightning_srifty.io.catalog_io import load_gpu_specs
+
+    if not profile.layers or profile.environment.accelerator in ("", "cpu"):
+        return ""
+    model = PerformanceModel(load_gpu_specs())
+    if profile.environment.accelerator not in model.gpu_specs:
+        return ""
+    latency = model.layer_latency_s(profile)
+    work = sum(seconds for _, seconds in model.layer_work(profile))
+    return (
+        f"layer time: {_ms(work)} of work (scaled with the batch and by each layer's "
+        f"roofline on another GPU) and {_ms(latency)} of latency (launches and kernels too "
+        f"small to fill the GPU: time beyond {1 / ROOFLINE_EFFICIENCY:.1f}x a layer's "
+        f"roofline, kept per step on every GPU and batch)"
     )
 
 

@@ -636,6 +636,28 @@ def predicted_speed_ratio(
     return 1.0 / device_time_ratio(slow, fast, precision, compute_share)
 
 
+def layer_roofline_s(
+    flops: float,
+    moved_bytes: float,
+    module_type: str,
+    spec: GpuSpec,
+    precision: str,
+    tf32: bool = True,
+) -> float:
+    """Least time one layer can take on ``spec``: ``max(flops / rate, bytes / bandwidth)``.
+
+    Matrix products (:data:`TENSOR_CORE_MODULES`) run at the achieved tensor-core rate
+    (:func:`achieved_tflops`); other modules' FLOPs at the CUDA-core FP32 rate at the
+    held clock. ``tf32``: whether the job lets this layer's float32 products use TF32
+    (:func:`layer_allows_tf32`).
+    """
+    if module_type in TENSOR_CORE_MODULES:
+        rate = achieved_tflops(spec, precision, 1.0 if tf32 else 0.0) * 1e12
+    else:
+        rate = sustained_tflops(spec, "fp32", 0.0) * 1e12
+    return max(flops / rate, moved_bytes / (spec.mem_bw_gbps * 1e9))
+
+
 def layer_time_ratio(
     flops: float,
     moved_bytes: float,
@@ -647,27 +669,16 @@ def layer_time_ratio(
 ) -> float | None:
     """Time of one layer on ``target`` over ``source`` by the roofline regime it sits in.
 
-    A layer takes ``max(flops / rate, bytes / bandwidth)``: a matmul-bound layer scales
-    by the ratio of achieved tensor-core rates (peak times the generation's
-    :data:`TENSOR_UTILISATION`), a memory-bound one (normalisation, activations,
-    embeddings) by the bandwidth ratio; the FLOPs of modules that are not matrix
-    products run at the CUDA-core FP32 rate. ``tf32``: whether the job lets this layer's
-    float32 products use TF32 (:func:`layer_allows_tf32`). ``None`` when the layer has
-    neither FLOPs nor bytes.
+    A layer takes :func:`layer_roofline_s`: a matmul-bound layer scales by the ratio of
+    achieved tensor-core rates (peak times the generation's :data:`TENSOR_UTILISATION`),
+    a memory-bound one (normalisation, activations, embeddings) by the bandwidth ratio;
+    the FLOPs of modules that are not matrix products run at the CUDA-core FP32 rate.
+    ``None`` when the layer has neither FLOPs nor bytes.
     """
     if flops <= 0 and moved_bytes <= 0:
         return None
-    matmul = module_type in TENSOR_CORE_MODULES
-    share = 1.0 if tf32 else 0.0
-    if matmul:
-        peak_s = achieved_tflops(source, precision, share) * 1e12
-        peak_t = achieved_tflops(target, precision, share) * 1e12
-    else:  # other modules' FLOPs run on the CUDA cores: the FP32 rate at the held clock
-        peak_s = sustained_tflops(source, "fp32", 0.0) * 1e12
-        peak_t = sustained_tflops(target, "fp32", 0.0) * 1e12
-    bw_s, bw_t = source.mem_bw_gbps * 1e9, target.mem_bw_gbps * 1e9
-    before = max(flops / peak_s, moved_bytes / bw_s)
-    after = max(flops / peak_t, moved_bytes / bw_t)
+    before = layer_roofline_s(flops, moved_bytes, module_type, source, precision, tf32)
+    after = layer_roofline_s(flops, moved_bytes, module_type, target, precision, tf32)
     return after / before
 
 

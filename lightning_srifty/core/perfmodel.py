@@ -51,6 +51,7 @@ from lightning_srifty.core.catalog import (
     achieved_tflops,
     device_time_ratio,
     layer_allows_tf32,
+    layer_roofline_s,
     layer_time_ratio,
 )
 from lightning_srifty.core.cluster import Cluster
@@ -71,7 +72,7 @@ from lightning_srifty.core.links import (
     intra_node_bytes_s,
 )
 from lightning_srifty.core.lognormal import Z90
-from lightning_srifty.core.profile import Profile
+from lightning_srifty.core.profile import LayerTiming, Profile
 from lightning_srifty.core.trees import cell_codes
 from lightning_srifty.core.validation import validation_cost
 
@@ -79,7 +80,11 @@ GIB = 1024**3
 MEMORY_HEADROOM = 0.92
 """Share of device memory usable by tensors (CUDA context and allocator slack)."""
 ROOFLINE_EFFICIENCY = 0.4
-"""Achieved share of peak when a CPU profile's FLOPs/bytes predict a GPU from scratch."""
+"""Share of a layer's roofline rate (:func:`layer_roofline_s`) that training reaches:
+what a CPU profile's FLOPs and bytes predict a GPU from, and where a GPU profile's layer
+time stops being work that scales with the batch and the GPU (:meth:`PerformanceModel.
+layer_work`). A prior, not fitted: on the H100 runs (``benchmarks/gpu/h100-2026-11-27``)
+the measured per-sample slope over each job's roofline reads 0.22-0.65 (median 0.38)."""
 KERNEL_LAUNCH_S = 5e-6
 """Least time a GPU step spends per kernel it launches: PyTorch's eager launches cost
 5-20 us each on the CPU side (HolisticTraceAnalysis docs, "CUDA kernel launch stats"),
@@ -344,13 +349,12 @@ class PerformanceModel:
             peak_t = achieved_tflops(target, precision, share) * 1e12
             return self._absolute_roofline_ratio(profile, peak_t, target.mem_bw_gbps * 1e9)
         whole = device_time_ratio(src, target, precision, tf32_share=share)
-        layers = [x for x in profile.layers if x.forward_s + x.backward_s > 0]
-        src_time = sum(x.forward_s + x.backward_s for x in layers)
-        if not layers or src_time <= 0 or not any(x.flops > 0 for x in layers):
+        layers = self.layer_work(profile)
+        src_time = sum(work for _, work in layers)
+        if not layers or src_time <= 0 or not any(x.flops > 0 for x, _ in layers):
             return whole
         new_time = 0.0
-        for x in layers:
-            # a layer's outputs are written in forward and read twice in backward
+        for x, work in layers:
             scale = layer_time_ratio(
                 x.flops,
                 3 * x.activation_bytes,
@@ -360,8 +364,48 @@ class PerformanceModel:
                 precision,
                 tf32=layer_allows_tf32(x.module_type, env.matmul_tf32, env.cudnn_tf32),
             )
-            new_time += (x.forward_s + x.backward_s) * (whole if scale is None else scale)
+            new_time += work * (whole if scale is None else scale)
         return new_time / src_time
+
+    def layer_work(self, profile: Profile) -> list[tuple[LayerTiming, float]]:
+        """Each timed layer with the part of its time that is work: what scales with the
+        batch and moves to another GPU by the layer's roofline ratio.
+
+        A layer cannot take less than its roofline (:func:`layer_roofline_s`, outputs
+        written in forward and read twice in backward) and reaches about
+        :data:`ROOFLINE_EFFICIENCY` of it when busy. Time beyond that is latency:
+        kernel launches and kernels too small to fill the GPU, neither shortened by a
+        faster GPU nor lengthened by a larger batch. On a fast GPU it is most of a
+        small model's step: the H100's cifar10 layers took 10.7 ms at batch 129 against
+        1.8 ms of roofline, and its step grew by 0.04 ms a sample, not 0.09; counted as
+        work, that latency was multiplied by the H100-to-T4 ratio (~25x) and the T4
+        predicted 3.4x too slow a sample. A layer with neither FLOPs nor bytes counted,
+        or a profile from a device without a datasheet, is all work.
+        """
+        env = profile.environment
+        src = self.gpu_specs.get(env.accelerator)
+        out = []
+        for x in profile.layers:
+            measured = x.forward_s + x.backward_s
+            if measured <= 0:
+                continue
+            if src is None or (x.flops <= 0 and x.activation_bytes <= 0):
+                out.append((x, measured))
+                continue
+            tf32 = layer_allows_tf32(x.module_type, env.matmul_tf32, env.cudnn_tf32)
+            roofline = layer_roofline_s(
+                x.flops, 3 * x.activation_bytes, x.module_type, src, env.precision, tf32
+            )
+            out.append((x, min(measured, roofline / ROOFLINE_EFFICIENCY)))
+        return out
+
+    def layer_latency_s(self, profile: Profile) -> float:
+        """Per-step layer time that is not work (:meth:`layer_work`): 0 for a profile
+        without timed layers or from a device without a datasheet."""
+        if not profile.is_detailed:
+            return 0.0
+        measured = sum(x.forward_s + x.backward_s for x in profile.layers)
+        return max(measured - sum(work for _, work in self.layer_work(profile)), 0.0)
 
     def _absolute_roofline_ratio(self, profile: Profile, peak: float, bw: float) -> float | None:
         """CPU (or unlisted) source: predict from FLOPs and bytes alone."""
@@ -546,6 +590,12 @@ class PerformanceModel:
         slowdown = np.where(present, measured_scale * colocation_factor, 1.0)
         host = self.host_share(profile)
         fixed = self.fixed_host_s(profile, curve)
+        latency = self.layer_latency_s(profile)
+        if latency > 0 and len(curve.batches) < 2:
+            curve, host = _with_fixed_latency(curve, host, latency)
+            fixed = latency
+        elif latency > 0:  # points at several batches: their intercept holds the latency
+            fixed = min(latency, curve.alpha_s)
         device_ratio = np.nan_to_num(ratio, nan=1.0)
         # the share of variable time that scales with the GPU; fixed host time does not
         speed_scale = np.where(present & known, (1.0 - host) * device_ratio + host, 1.0)
@@ -578,9 +628,11 @@ class PerformanceModel:
         straggle = 1.0 + cv * expected_max_z(world)
         at_b = curve.at(np.maximum(b_int, 1.0))
         host_fixed = np.minimum(fixed, at_b)
-        # Host time is kept; device work cannot beat its kernel launches.
+        # Host time and layer latency are kept; with them, device work cannot beat its
+        # kernel launches.
         device_part = np.maximum(
-            (at_b - host_fixed) * (1.0 - host) * device_ratio, self.launch_floor_s(profile)
+            (at_b - host_fixed) * (1.0 - host) * device_ratio,
+            np.maximum(self.launch_floor_s(profile) - host_fixed, 0.0),
         )
         device_part = np.where(present & known, device_part, (at_b - host_fixed) * (1.0 - host))
         group_compute = np.where(
@@ -985,6 +1037,23 @@ class PerformanceModel:
             validation_s=float(out["validation"][0]),
             loader_bound=bool(out["loader_bound"][0]),
         )
+
+
+def _with_fixed_latency(curve: _Curve, host: float, latency_s: float) -> tuple[_Curve, float]:
+    """A one-batch curve whose ``latency_s`` of layer time is fixed per step, and the host
+    share of what remains (:meth:`PerformanceModel.layer_work`).
+
+    The point stays where it was measured; the line through it takes the latency into
+    its intercept, so only the work grows with the batch. The host share was of the
+    whole step and is taken of the rest, so the host's seconds are unchanged.
+    """
+    measured = float(curve.times[0])
+    batch = float(curve.batches[0])
+    alpha = min(curve.alpha_s + latency_s, measured)
+    beta = max(measured - alpha, 1e-12) / batch
+    rest = measured - min(latency_s, measured)
+    share = min(host * measured / rest, 1.0) if rest > 0 else 1.0
+    return _Curve(alpha, beta, curve.batches, curve.times), share
 
 
 def correction_features(

@@ -150,3 +150,24 @@ def test_show_says_what_the_loaders_workers_cost_and_the_step_they_allow(
     line = flat.split("data loading: ")[1]
     assert line.startswith("4 worker(s), 20.000 ms of CPU per batch (30 batches)")
     assert "no step shorter than 5.000 ms" in line
+
+
+def test_show_splits_a_gpu_profiles_layer_time_into_work_and_latency(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The H100's cifar10 profile: its step grew 0.04 ms a sample from batch 129
+    (``steps.json``), so about 5 of its 10.7 ms of layer time is work; the rest is
+    latency a plan keeps. A CPU profile has no datasheet roofline: no line."""
+    h100 = REPO / "benchmarks" / "gpu" / "h100-2026-11-27" / "profile-cifar10.json"
+    assert main(["profile", "show", str(h100), "--top", "0"]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    line = flat.split("layer time: ")[1]
+    work = float(line.split(" ms of work")[0])
+    latency = float(line.split(" ms of latency")[0].split(" and ")[-1])
+    layers = load_profile(h100).layers
+    assert work + latency == pytest.approx(
+        1e3 * sum(x.forward_s + x.backward_s for x in layers), abs=0.002
+    )
+    assert 3.0 < work < 7.0 and latency > work
+    assert main(["profile", "show", str(profile_path)]) == 0
+    assert "layer time:" not in capsys.readouterr().out

@@ -551,22 +551,50 @@ def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_socket
     assert efa_mix.uses_efa
 
 
-def test_a_step_of_many_tiny_layers_is_bound_by_its_kernel_launches() -> None:
-    """100 layers of 1e6 FLOPs each, 2 ms of device time on the T4: a faster GPU
-    cannot run them in less than 100 x (1 forward + 2 backward) launches."""
+def _hundred_layers(flops: float) -> Profile:
+    """100 Linear layers of ``flops`` each, 20 us apiece (2 ms of device time) on a T4."""
     layers = tuple(
-        LayerTiming(f"l{i}", "b", "Linear", 5e-6, 15e-6, 10, 40, flops=1e6, activation_bytes=1)
+        LayerTiming(f"l{i}", "b", "Linear", 5e-6, 15e-6, 10, 40, flops=flops, activation_bytes=1)
         for i in range(100)
     )
     steps = StepTimes(Spread(0.002, 0.002, 0.002, 10), 0.0005, 0.0015, 0.0, 0.0, 0, 10)
-    prof = dataclasses.replace(
+    return dataclasses.replace(
         coarse({16: 0.002}), kind="detailed", layers=layers, steps=steps, batch_points=()
     )
+
+
+def test_a_step_of_many_tiny_layers_is_bound_by_its_kernel_launches() -> None:
+    """Layers whose T4 time is work (near their roofline) scale to a V100, but cannot
+    run in less than 100 x (1 forward + 2 backward) launches."""
+    prof = _hundred_layers(1e8)
     model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    work = sum(w for _, w in model.layer_work(prof))
+    assert work == pytest.approx(0.002)  # 20 us a layer is within its roofline's reach
     v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
-    assert v100 == pytest.approx(100 * 3 * 5e-6)  # the roofline alone says 1 ms
+    assert v100 == pytest.approx(100 * 3 * 5e-6)  # the roofline alone says less
+    assert 0.002 * model.compute_ratio(prof, "V100") < v100
     t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
     assert t4 == pytest.approx(0.002)  # measured where it ran: above the floor, unchanged
+
+
+def test_layer_time_far_above_its_roofline_is_latency_no_gpu_or_batch_shortens() -> None:
+    """1e6 FLOPs take 20 us on the T4, ~50x their roofline: the time is launches and
+    latency, so a faster GPU runs them in about the same time and a larger batch adds
+    only the work. Counted as work, the V100 read ~0.9 ms and batch 32 twice the step."""
+    prof = _hundred_layers(1e6)
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    latency = model.layer_latency_s(prof)
+    assert 0.0019 < latency < 0.002
+    v100 = model.predict(prof, one_group(1, 1, offer("V100", 1))).step_s
+    assert v100 == pytest.approx(0.002, rel=0.01)
+    t4 = one_group(1, 1, offer("T4", 1))
+    assert model.predict(prof, t4).step_s == pytest.approx(0.002)
+    doubled = model.predict(prof, t4, local_batch=32).step_s
+    assert doubled == pytest.approx(0.002 + (0.002 - latency), rel=1e-6)
+    # measured at two batches, the line's intercept holds the latency: kept on the V100
+    points = (BatchPoint(16, 0.002, 0.002), BatchPoint(32, 0.0021, 0.0021))
+    two = dataclasses.replace(prof, batch_points=points)
+    assert model.predict(two, one_group(1, 1, offer("V100", 1))).step_s > 0.0019
 
 
 def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:

@@ -324,6 +324,12 @@ class LaunchSession:
         if self._replay_at_first_batch:
             self._replay_at_first_batch = False
             _replay_epoch_start(trainer)
+            skipped = _unreplayed_epoch_start_hooks(trainer)
+            if skipped and trainer.is_global_zero:
+                note = EPOCH_START_NOTE.format(
+                    epoch=trainer.current_epoch, hooks=", ".join(skipped)
+                )
+                print(f"srifty: {note}", file=sys.stderr, flush=True)
 
     def on_train_epoch_end(self, trainer: pl.Trainer) -> None:
         """The end of the epoch a resume continued: lets Lightning step its plateau
@@ -726,6 +732,38 @@ def _replay_epoch_start(trainer: pl.Trainer) -> None:
         if isinstance(callback, replayed):
             callback.on_train_epoch_start(trainer, trainer.lightning_module)
 
+
+def _unreplayed_epoch_start_hooks(trainer: pl.Trainer) -> list[str]:
+    """The script's own ``on_train_epoch_start`` hooks a resume inside an epoch skips
+    (``Module.on_train_epoch_start``, ``Callback.on_train_epoch_start``).
+
+    Lightning's own callbacks are left out: the two that set up the epoch are replayed
+    (:func:`_replay_epoch_start`), ``BaseFinetuning`` restores its parameter groups on a
+    restart, and the rest only display or log (progress bars, ``LearningRateMonitor``) or
+    run before the first epoch (the batch size and learning rate finders).
+    """
+    from lightning.pytorch.callbacks import Callback
+
+    hooks = []
+    module = trainer.lightning_module
+    if type(module).on_train_epoch_start is not pl.LightningModule.on_train_epoch_start:
+        hooks.append(f"{type(module).__name__}.on_train_epoch_start")
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        kind = type(callback)
+        if kind.__module__.startswith(("lightning.", "lightning_srifty.")):
+            continue
+        if kind.on_train_epoch_start is not Callback.on_train_epoch_start:
+            hooks.append(f"{kind.__name__}.on_train_epoch_start")
+    return hooks
+
+
+EPOCH_START_NOTE = (
+    "this attempt resumed inside epoch {epoch}, where Lightning does not call "
+    "on_train_epoch_start: {hooks} ran for this epoch before the checkpoint and is not "
+    "repeated, so what it sets outside the checkpoint (attributes, not the state_dict or "
+    "on_save_checkpoint) stays as this process built it until the next epoch"
+)
+"""Said once per attempt, on rank zero, where the script has such hooks."""
 
 RELOAD_NOTE = (
     "Trainer(reload_dataloaders_every_n_epochs={n}): a resume continues in the epoch it "

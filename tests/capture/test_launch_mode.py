@@ -407,6 +407,57 @@ def test_a_loader_whose_workers_persist_is_told_their_draws_are_not_replayed(
     assert ("DataLoader(persistent_workers=True): a resume continues" in said) == persistent
 
 
+class _CountsEpochs(_Shuffled):
+    """Sets an attribute at each epoch start: state outside the checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.epoch_starts = 0
+
+    def on_train_epoch_start(self) -> None:
+        self.epoch_starts += 1
+
+
+class _EpochLogger(pl.Callback):
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pl_module.log("started", 1.0)
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["hooks", "none"])
+def test_a_resume_inside_an_epoch_names_the_epoch_start_hooks_it_skips(
+    hooked: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Lightning does not call ``on_train_epoch_start`` on a restart inside an epoch:
+    the module's hook and a callback's ran before the checkpoint and are not repeated.
+    The attempt says which (Lightning's own callbacks, a progress bar among them, are
+    not named), and says nothing where the script has none."""
+    store = tmp_path / "store"
+    monkeypatch.setenv(proto.ENV_MODE, proto.MODE_TRAIN)
+    monkeypatch.setenv(proto.ENV_CHECKPOINT_URI, str(store))
+    modules = []
+    for target in (5, 12):  # stops at batch 5 of 10, then resumes inside that epoch
+        monkeypatch.setenv(proto.ENV_TARGET_STEPS, str(target))
+        module = _CountsEpochs() if hooked else _Shuffled(False)
+        extra = [_EpochLogger()] if hooked else []
+        pl.seed_everything(0)
+        pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=True,
+                   enable_model_summary=False, default_root_dir=tmp_path,
+                   callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False),
+                              *extra],
+                   ).fit(module)  # fmt: skip
+        modules.append(module)
+    said = " ".join(capsys.readouterr().err.split())
+    named = "_CountsEpochs.on_train_epoch_start, _EpochLogger.on_train_epoch_start ran"
+    assert ("resumed inside epoch 0, where Lightning does not call" in said) == hooked
+    assert (named in said) == hooked
+    assert "TQDMProgressBar" not in said
+    if hooked:  # what the note warns of: the resumed process counted only epoch 1
+        assert [m.epoch_starts for m in modules] == [1, 1]  # type: ignore[attr-defined]
+
+
 ACCUMULATING = Path(__file__).resolve().parent / "scripts" / "accumulating.py"
 
 

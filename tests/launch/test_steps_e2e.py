@@ -68,7 +68,11 @@ def test_every_preemption_resumes_at_the_step_the_job_reached(
     """Two processes of a GAN, DataLoader workers or not, revoked after every 1.5 s of
     training: each time the job saves the step it reached, the next attempt resumes
     there, the migration record says so, and no batch is ever run twice."""
-    monkeypatch.setenv("STEP_SLEEP_S", "0.002")  # >= 6 s of training on any machine
+    # The plan's 4 GPUs run here as 2 processes on twice the batch: after the profile's
+    # ~230 steps the job trains ~1,380, >= 8 s at 6 ms each on any machine, room for two
+    # revocations after 1.5 s of training and the first report (~1 s) each; at 2 ms a
+    # fast machine could train ~2.8 s in all
+    monkeypatch.setenv("STEP_SLEEP_S", "0.006")
     code = launch_cmd.main(
         [GAN, "--num-workers", str(workers), "--target-steps", "3000", "--cluster",
          "g4dn.12xlarge:1", "--preempt-every", "1.5s", *BASE]

@@ -92,6 +92,20 @@ def slope(points: dict[int, float]) -> float:
     return float(np.linalg.lstsq(design, steps, rcond=None)[0][1])
 
 
+def one_h100() -> Cluster:
+    """One H100 of a p5.48xlarge, the instance the measurements stand for."""
+    p5 = next(o for o in load_catalog("bundled").offers if o.instance_type == "p5.48xlarge")
+    return Cluster((ClusterGroup(p5, 1, 1),))
+
+
+def measured_steps(results: Path) -> dict[tuple[str, str], dict[int, float]]:
+    """The plain steps of ``steps.json``: per (job, math), the step at each batch."""
+    rows: dict[tuple[str, str], dict[int, float]] = {}
+    for r in json.loads((results / "steps.json").read_text())["rows"]:
+        rows.setdefault((r["job"], r["math"]), {})[r["local_bsz"]] = r["step_s"]
+    return rows
+
+
 def capture(results: Path) -> None:
     runs = json.loads((results / "lightning.json").read_text())
     print(f"== 1. capture on {runs['device']}: profile step / the run without the callback")
@@ -178,13 +192,10 @@ def capture_repeated(traces: Path) -> None:
 
 
 def traces_to_h100(model: PerformanceModel, sets: dict[str, TraceSet], results: Path) -> None:
-    measured = json.loads((results / "steps.json").read_text())
-    p5 = next(o for o in load_catalog("bundled").offers if o.instance_type == "p5.48xlarge")
-    h100 = Cluster((ClusterGroup(p5, 1, 1),))
-    rows: dict[tuple[str, str], dict[int, float]] = {}
-    for r in measured["rows"]:
-        rows.setdefault((r["job"], r["math"]), {})[r["local_bsz"]] = r["step_s"]
-    print(f"== 2. trace profile -> one H100: per-sample slope (ms/sample), {measured['device']}")
+    device = json.loads((results / "steps.json").read_text())["device"]
+    h100 = one_h100()
+    rows = measured_steps(results)
+    print(f"== 2. trace profile -> one H100: per-sample slope (ms/sample), {device}")
     print(f"{'job':12s} {'math':5s} {'from':16s} {'measured':>9s} {'predicted':>9s} {'ratio':>6s}")
     errors = []
     for (job, math_mode), points in rows.items():
@@ -229,10 +240,9 @@ def h100_other_batches(model: PerformanceModel, results: Path) -> None:
         f"{'job':12s} {'batch':>5s} {'meas ms':>8s} {'pred ms':>8s} {'err':>6s} "
         f"{'all work':>8s} {'err':>6s}"
     )
-    p5 = next(o for o in load_catalog("bundled").offers if o.instance_type == "p5.48xlarge")
-    h100 = Cluster((ClusterGroup(p5, 1, 1),))
+    h100 = one_h100()
     old = AllWork(model.gpu_specs, model.calibration)
-    measured = json.loads((results / "steps.json").read_text())["rows"]
+    measured = measured_steps(results)
     maths = {"cifar10": "tf32", "imagenet": "amp", "bert": "tf32", "deepspeech2": "fp32"}
     errors: dict[str, list[float]] = {"now": [], "all work": []}
     for job, math_ in maths.items():
@@ -241,10 +251,7 @@ def h100_other_batches(model: PerformanceModel, results: Path) -> None:
             continue
         profile = h100_profile(path)
         profiled = profile.environment.step_batch_size
-        rows = {
-            r["local_bsz"]: r["step_s"] for r in measured if (r["job"], r["math"]) == (job, math_)
-        }
-        for b, step in sorted(rows.items()):
+        for b, step in sorted(measured.get((job, math_), {}).items()):
             now = model.predict(profile, h100, local_batch=b).step_s
             before = old.predict(profile, h100, local_batch=b).step_s
             if b != profiled:
@@ -307,12 +314,8 @@ def h100_to_traces(model: PerformanceModel, sets: dict[str, TraceSet], results: 
 
 
 def tf32_off_over_on(model: PerformanceModel, sets: dict[str, TraceSet], results: Path) -> None:
-    measured = json.loads((results / "steps.json").read_text())
-    rows: dict[tuple[str, str], dict[int, float]] = {}
-    for r in measured["rows"]:
-        rows.setdefault((r["job"], r["math"]), {})[r["local_bsz"]] = r["step_s"]
-    p5 = next(o for o in load_catalog("bundled").offers if o.instance_type == "p5.48xlarge")
-    h100 = Cluster((ClusterGroup(p5, 1, 1),))
+    rows = measured_steps(results)
+    h100 = one_h100()
     specs = model.gpu_specs
     print("== 4. TF32 off / on, one H100: per-sample slope ratio, measured and modelled")
     print(f"{'job':12s} {'measured':>8s} {'model from':34s} {'model':>6s}")

@@ -4,16 +4,20 @@ performance model puts under every step: ``PerformanceModel._loader_floor_s``.)
 A real Trainer on this machine's CPU trains a small model from a DataLoader whose
 workers spend a known CPU time on each sample (a decode), at 1 and 2 workers, with a
 light and a heavy training step. The callback records the workers' CPU per batch
-(``profile.data_loading``); the model's floor is that over ``min(workers, cores)``. The
-run's own step (the mean interval between batch ends after the profile, data loading
-included) is measured beside it. Where the loader sets the pace the two should agree;
-where training does, the floor should sit below the step. The floor leaves out the
-training process's own CPU: where workers and training share too few cores (2 workers
-and the training process on a 2-core machine) it is a lower bound, not the step.
+(``profile.data_loading``). ``alone`` is that over ``min(workers, cores)``, the floor
+before the training thread's share of the cores was counted; ``floor`` is the model's
+(:func:`~lightning_srifty.core.perfmodel.loader_floor_s`): also at least the workers'
+CPU plus the training thread's compute (the profile's compute at the batch, its data
+wait left out) over the cores. The run's own step (the mean interval between batch
+ends after the profile, data loading included) is measured beside them. Where the
+loader sets the pace, floor and step should agree; where training does, the floor
+should sit below the step.
 
-Measured here (2 cores, 2 ms a sample, batch 8), two runs: floor/step 0.93 and 0.93 (light
-training, 1 worker: loader-bound), 0.77 and 0.76 (2 workers on the 2 cores), 0.66 and
-0.86, 0.47 and 0.44 (heavy training: training-bound, the floor below).
+Measured here (2 cores, 2 ms a sample, batch 8, nothing else running), two runs,
+alone/step then floor/step: light training, 1 worker (loader-bound) 0.94, 0.94 and
+0.93, 0.93; light, 2 workers 0.81, 0.87 and 0.78, 0.82; heavy, 1 worker
+(training-bound) 0.71, 0.72 and 0.79, 0.79; heavy, 2 workers (workers and training
+sharing both cores) 0.41, 0.92 and 0.41, 0.79.
 
     .venv/bin/python benchmarks/bench_loader_floor.py [--cpu-per-sample-ms 2]
 """
@@ -29,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_srifty import SriftyCallback
+from lightning_srifty.core.perfmodel import fit_compute_curve, loader_floor_s
 
 BATCH = 8
 STEPS = 160
@@ -80,8 +86,9 @@ class BatchEnds(pl.Callback):
         self.ends.append(time.perf_counter())
 
 
-def run(workers: int, work: int, cpu_s: float) -> tuple[float, float, float]:
-    """(workers' CPU per batch, the floor, the run's measured step) in seconds."""
+def run(workers: int, work: int, cpu_s: float) -> tuple[float, float, float, float]:
+    """(workers' CPU per batch, that over the workers running at once, the model's floor,
+    the run's measured step) in seconds."""
     callback = SriftyCallback(warmup_steps=5, profile_steps=40, verbose=False)
     ends = BatchEnds()
     loader = DataLoader(
@@ -98,10 +105,14 @@ def run(workers: int, work: int, cpu_s: float) -> tuple[float, float, float]:
     assert profile is not None and profile.data_loading is not None, "no loader measured"
     cores = os.cpu_count() or 1
     per_batch = profile.data_loading.cpu_s_per_batch
-    floor = per_batch / min(workers, cores)
+    workers_alone = per_batch / min(workers, cores)
+    # the training thread's time a step, as the model takes it: compute, not data waits
+    at_batch = float(fit_compute_curve(profile).at(np.asarray([float(BATCH)]))[0])
+    compute = max(at_batch - profile.steps.data_wait_s, 0.0)
+    floor = float(loader_floor_s(per_batch, workers, float(cores), compute))
     after = ends.ends[60:]  # past the profile's window
     step = statistics.mean(b - a for a, b in zip(after, after[1:], strict=False))
-    return per_batch, floor, step
+    return per_batch, workers_alone, floor, step
 
 
 def main() -> int:
@@ -112,13 +123,14 @@ def main() -> int:
     torch.set_num_threads(1)
     print(f"{os.cpu_count()} cores; each sample costs its worker {args.cpu_per_sample_ms} ms "
           f"of CPU, {BATCH} a batch ({BATCH * args.cpu_per_sample_ms:.0f} ms)")  # fmt: skip
-    print(f"{'training':<10}{'workers':>8}{'CPU/batch':>11}{'floor':>9}{'step':>9}"
-          f"{'floor/step':>12}")  # fmt: skip
+    print(f"{'training':<10}{'workers':>8}{'CPU/batch':>11}{'alone':>9}{'floor':>9}{'step':>9}"
+          f"{'alone/step':>12}{'floor/step':>12}")  # fmt: skip
     for label, work in (("light", 1), ("heavy", 400)):
         for workers in (1, 2):
-            per_batch, floor, step = run(workers, work, cpu_s)
-            print(f"{label:<10}{workers:>8}{1e3 * per_batch:>9.1f}ms{1e3 * floor:>7.1f}ms"
-                  f"{1e3 * step:>7.1f}ms{floor / step:>12.2f}")  # fmt: skip
+            per_batch, alone, floor, step = run(workers, work, cpu_s)
+            print(f"{label:<10}{workers:>8}{1e3 * per_batch:>9.1f}ms{1e3 * alone:>7.1f}ms"
+                  f"{1e3 * floor:>7.1f}ms{1e3 * step:>7.1f}ms{alone / step:>12.2f}"
+                  f"{floor / step:>12.2f}")  # fmt: skip
     print("floor/step near 1 where the loader sets the pace; below 1 where training does")
     return 0
 

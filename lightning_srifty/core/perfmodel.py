@@ -641,7 +641,9 @@ class PerformanceModel:
         # a validation pass runs at the compute's pace, not the training loader's
         pass_pace = _row_max(group_compute)
         # a step cannot outpace the loader's workers making its batches
-        floor = self._loader_floor_s(profile, cand, b_int)
+        # the training thread's own time: the profile's wait for data is not its CPU
+        trainer_s = np.maximum(group_compute - profile.steps.data_wait_s, 0.0)
+        floor = self._loader_floor_s(profile, cand, b_int, trainer_s)
         loader_bound = _row_max(present & (floor > 0) & (floor >= group_compute))
         group_compute = np.maximum(group_compute, floor)
         mean_compute = _row_max(group_compute)
@@ -848,27 +850,29 @@ class PerformanceModel:
         return hit, measured, p10, p90
 
     @staticmethod
-    def _loader_floor_s(profile: Profile, cand: CandidateArrays, b_int: np.ndarray) -> np.ndarray:
+    def _loader_floor_s(
+        profile: Profile, cand: CandidateArrays, b_int: np.ndarray, compute_s: np.ndarray
+    ) -> np.ndarray:
         """Per group, the least step the training loader's workers allow (0 without a
         measured loader: :class:`~lightning_srifty.core.profile.DataLoading`).
 
-        Each sample costs the workers the CPU time it cost when profiled; they run in
-        parallel on at most the node's vCPUs per process (every worker where the node's
-        vCPUs are not known). The training process is not counted against them: while
-        the loader sets the pace it waits for data on an idle core. A loader in the
-        training process itself is host time, already kept in the step.
+        Each sample costs the workers the CPU time it cost when profiled; each process
+        gets the node's vCPUs over its GPUs (:func:`loader_floor_s`, which also counts
+        the training thread's ``compute_s`` against them). Where the node's vCPUs are
+        not known every worker is taken to have a core and the training thread its own.
+        A loader in the training process itself is host time, already kept in the step.
         """
         loading = profile.data_loading
         if loading is None or loading.cpu_s_per_batch <= 0 or not profile.is_detailed:
             return np.zeros(b_int.shape)
         gpn = np.maximum(np.asarray(cand.gpus_per_node, dtype=np.float64), 1.0)
-        cores = np.full(b_int.shape, float(loading.workers))
+        cores = np.full(b_int.shape, np.nan)
         if cand.vcpus is not None:
             node = np.asarray(cand.vcpus, dtype=np.float64)
-            cores = np.where(node > 0, np.maximum(node / gpn, 1.0), cores)
-        parallel = np.maximum(np.minimum(float(loading.workers), cores), 1.0)
+            cores = np.where(node > 0, np.maximum(node / gpn, 1.0), np.nan)
         per_sample = loading.cpu_s_per_sample(profile.environment.local_batch_size)
-        return np.where(np.asarray(cand.nodes) > 0, per_sample * b_int / parallel, 0.0)
+        floor = loader_floor_s(per_sample * b_int, loading.workers, cores, compute_s)
+        return np.where(np.asarray(cand.nodes) > 0, floor, 0.0)
 
     @staticmethod
     def _transfer_sigma(
@@ -1037,6 +1041,35 @@ class PerformanceModel:
             validation_s=float(out["validation"][0]),
             loader_bound=bool(out["loader_bound"][0]),
         )
+
+
+def loader_floor_s(
+    batch_cpu_s: np.ndarray | float,
+    workers: int,
+    cores: np.ndarray | float,
+    trainer_cpu_s: np.ndarray | float,
+) -> np.ndarray:
+    """The least step a training process's loader workers allow, in seconds.
+
+    The workers spend ``batch_cpu_s`` of CPU on each batch, at most ``min(workers,
+    cores)`` of them at once. The training thread shares the same ``cores`` (the vCPUs
+    each process gets: a node's over its GPUs) and holds one for ``trainer_cpu_s`` a
+    step: on a CPU that is the compute itself, and a thread waiting for CUDA spins on
+    its core by default (``cudaDeviceScheduleAuto`` spins while the process has fewer
+    CUDA contexts than the machine has cores). So a step is at least
+    ``(batch_cpu + trainer_cpu) / cores`` as well: 4 workers on 4 vCPUs do not make a
+    batch in a quarter of its CPU time while training also runs there. With a core to
+    spare for the training thread the second bound never exceeds the first or the
+    compute. ``cores`` NaN (unknown): every worker has a core and training its own.
+    """
+    batch = np.asarray(batch_cpu_s, dtype=np.float64)
+    per_process = np.asarray(cores, dtype=np.float64)
+    known = np.isfinite(per_process) & (per_process > 0)
+    usable = np.where(known, per_process, float(workers))
+    alone = batch / np.maximum(np.minimum(float(workers), usable), 1.0)
+    trainer = np.maximum(np.asarray(trainer_cpu_s, dtype=np.float64), 0.0)
+    shared = np.where(known, (batch + trainer) / np.maximum(usable, 1.0), 0.0)
+    return np.asarray(np.maximum(alone, shared), dtype=np.float64)
 
 
 def _with_fixed_latency(curve: _Curve, host: float, latency_s: float) -> tuple[_Curve, float]:

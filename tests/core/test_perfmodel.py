@@ -21,7 +21,12 @@ from lightning_srifty.core.catalog import TENSOR_UTILISATION, GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import PredictionError
 from lightning_srifty.core.links import NodeLinks
-from lightning_srifty.core.perfmodel import PerformanceModel, expected_max_z, fit_compute_curve
+from lightning_srifty.core.perfmodel import (
+    PerformanceModel,
+    expected_max_z,
+    fit_compute_curve,
+    loader_floor_s,
+)
 from lightning_srifty.core.profile import (
     BatchPoint,
     DataLoading,
@@ -510,9 +515,17 @@ def test_a_faster_gpu_waits_for_the_loaders_workers_that_a_slower_one_never_wait
     assert model.predict(loaded, v100).step_s == pytest.approx(0.07)
     # on the profiled GPU the loader kept up, as measured
     assert model.predict(loaded, one_group(1, 1, offer("T4", 1))).step_s == pytest.approx(0.10)
-    # a node of 3 vCPUs runs 3 of the 4 workers at once
+    # a node of 3 vCPUs runs 3 of the 4 workers at once, and the training thread
+    # takes its compute's share of those cores
     small = Offer("small", "V100", 1, 16.0, 3, 16, "us-west-2", "usw2-az1", 3.0, 1.0, "PCIe", 10)
-    assert model.predict(loaded, one_group(1, 1, small)).step_s == pytest.approx(0.28 / 3)
+    assert model.predict(loaded, one_group(1, 1, small)).step_s == pytest.approx(
+        (0.28 + device) / 3
+    )
+    # 4 vCPUs: all 4 workers run, but not beside training; 5: training has its own core
+    four = dataclasses.replace(small, vcpus=4)
+    assert model.predict(loaded, one_group(1, 1, four)).step_s == pytest.approx((0.28 + device) / 4)
+    five = dataclasses.replace(small, vcpus=5)
+    assert model.predict(loaded, one_group(1, 1, five)).step_s == pytest.approx(0.07)
     # a coarse profile measured no loader: nothing changes
     assert model.predict(dataclasses.replace(loaded, kind="coarse"), v100).step_s < 0.07
     # validation passes run at the GPU's pace, not the training loader's
@@ -524,6 +537,20 @@ def test_a_faster_gpu_waits_for_the_loaders_workers_that_a_slower_one_never_wait
     ]
     assert paced[0] is not None and paced[1] is not None and paced[0][0] > 0
     assert paced[1][0] == pytest.approx(paced[0][0])
+
+
+def test_loader_workers_and_the_training_thread_share_the_cores_each_process_gets() -> None:
+    # 4 workers, 0.2 CPU-s a batch, training 0.1 s a step
+    batch, compute = 0.2, 0.1
+    cores = np.asarray([8.0, 5.0, 4.0, 2.0, np.nan])
+    floor = loader_floor_s(np.full(5, batch), 4, cores, np.full(5, compute))
+    assert floor[0] == pytest.approx(batch / 4)  # a core each and several to spare
+    # one core to spare: the shared bound may pass the workers' alone, never the compute
+    assert floor[1] == pytest.approx((batch + compute) / 5) and floor[1] < compute
+    # no core to spare: the workers lose what training takes
+    assert floor[2] == pytest.approx((batch + compute) / 4) and floor[2] > batch / 4
+    assert floor[3] == pytest.approx((batch + compute) / 2)
+    assert floor[4] == pytest.approx(batch / 4)  # vCPUs unknown: as if each had a core
 
 
 def test_efa_nodes_use_their_rails_and_a_mix_with_tcp_nodes_falls_back_to_sockets() -> None:

@@ -1054,7 +1054,8 @@ def loader_floor_s(
     The workers spend ``batch_cpu_s`` of CPU on each batch, at most ``min(workers,
     cores)`` of them at once. The training thread shares the same ``cores`` (the vCPUs
     each process gets: a node's over its GPUs) and holds one for ``trainer_cpu_s`` a
-    step: on a CPU that is the compute itself, and a thread waiting for CUDA spins on
+    step: on a CPU that is the compute itself (one thread of it: intra-op threads beyond
+    the first are not counted), and a thread waiting for CUDA spins on
     its core by default (``cudaDeviceScheduleAuto`` spins while the process has fewer
     CUDA contexts than the machine has cores). So a step is at least
     ``(batch_cpu + trainer_cpu) / cores`` as well: 4 workers on 4 vCPUs do not make a

@@ -192,7 +192,8 @@ def data_loading_line(profile: Profile) -> str:
     return (
         f"data loading: {loading.workers} worker(s), {_ms(loading.cpu_s_per_batch)} of CPU "
         f"per batch ({loading.batches} batches): no step shorter than {_ms(pace)} at this "
-        f"batch, however fast the GPU (more workers and vCPUs per process lower it)"
+        f"batch, however fast the GPU, with a vCPU for each worker and one for training "
+        f"(fewer vCPUs per process raise it: training's compute shares them)"
     )
 
 

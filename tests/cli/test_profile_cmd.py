@@ -150,6 +150,7 @@ def test_show_says_what_the_loaders_workers_cost_and_the_step_they_allow(
     line = flat.split("data loading: ")[1]
     assert line.startswith("4 worker(s), 20.000 ms of CPU per batch (30 batches)")
     assert "no step shorter than 5.000 ms" in line
+    assert "one for training" in line  # the floor's premise (core/perfmodel.loader_floor_s)
 
 
 def test_show_splits_a_gpu_profiles_layer_time_into_work_and_latency(

@@ -38,7 +38,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_srifty import SriftyCallback
-from lightning_srifty.core.perfmodel import fit_compute_curve, loader_floor_s
+from lightning_srifty.core.perfmodel import (
+    fit_compute_curve,
+    loader_floor_s,
+    training_thread_s,
+)
 
 BATCH = 8
 STEPS = 160
@@ -105,11 +109,11 @@ def run(workers: int, work: int, cpu_s: float) -> tuple[float, float, float, flo
     assert profile is not None and profile.data_loading is not None, "no loader measured"
     cores = os.cpu_count() or 1
     per_batch = profile.data_loading.cpu_s_per_batch
-    workers_alone = per_batch / min(workers, cores)
-    # the training thread's time a step, as the model takes it: compute, not data waits
-    at_batch = float(fit_compute_curve(profile).at(np.asarray([float(BATCH)]))[0])
-    compute = max(at_batch - profile.steps.data_wait_s, 0.0)
-    floor = float(loader_floor_s(per_batch, workers, float(cores), compute))
+    # the floor with no training thread counted, and the model's, which counts it
+    workers_alone = float(loader_floor_s(per_batch, workers, float(cores), 0.0))
+    at_batch = fit_compute_curve(profile).at(np.asarray([float(BATCH)]))
+    trainer = training_thread_s(profile, at_batch)
+    floor = float(loader_floor_s(per_batch, workers, float(cores), trainer)[0])
     after = ends.ends[60:]  # past the profile's window
     step = statistics.mean(b - a for a, b in zip(after, after[1:], strict=False))
     return per_batch, workers_alone, floor, step

@@ -641,9 +641,7 @@ class PerformanceModel:
         # a validation pass runs at the compute's pace, not the training loader's
         pass_pace = _row_max(group_compute)
         # a step cannot outpace the loader's workers making its batches
-        # the training thread's own time: the profile's wait for data is not its CPU
-        trainer_s = np.maximum(group_compute - profile.steps.data_wait_s, 0.0)
-        floor = self._loader_floor_s(profile, cand, b_int, trainer_s)
+        floor = self._loader_floor_s(profile, cand, b_int, group_compute)
         loader_bound = _row_max(present & (floor > 0) & (floor >= group_compute))
         group_compute = np.maximum(group_compute, floor)
         mean_compute = _row_max(group_compute)
@@ -858,7 +856,8 @@ class PerformanceModel:
 
         Each sample costs the workers the CPU time it cost when profiled; each process
         gets the node's vCPUs over its GPUs (:func:`loader_floor_s`, which also counts
-        the training thread's ``compute_s`` against them). Where the node's vCPUs are
+        the training thread's part of ``compute_s`` against them,
+        :func:`training_thread_s`). Where the node's vCPUs are
         not known every worker is taken to have a core and the training thread its own.
         A loader in the training process itself is host time, already kept in the step.
         """
@@ -871,7 +870,8 @@ class PerformanceModel:
             node = np.asarray(cand.vcpus, dtype=np.float64)
             cores = np.where(node > 0, np.maximum(node / gpn, 1.0), np.nan)
         per_sample = loading.cpu_s_per_sample(profile.environment.local_batch_size)
-        floor = loader_floor_s(per_sample * b_int, loading.workers, cores, compute_s)
+        trainer_s = training_thread_s(profile, compute_s)
+        floor = loader_floor_s(per_sample * b_int, loading.workers, cores, trainer_s)
         return np.where(np.asarray(cand.nodes) > 0, floor, 0.0)
 
     @staticmethod
@@ -1041,6 +1041,12 @@ class PerformanceModel:
             validation_s=float(out["validation"][0]),
             loader_bound=bool(out["loader_bound"][0]),
         )
+
+
+def training_thread_s(profile: Profile, compute_s: np.ndarray | float) -> np.ndarray:
+    """The training thread's own seconds of a step whose compute is ``compute_s``: the
+    profile's wait for data is in the compute (kept host time) but is not its CPU."""
+    return np.maximum(np.asarray(compute_s, dtype=np.float64) - profile.steps.data_wait_s, 0.0)
 
 
 def loader_floor_s(

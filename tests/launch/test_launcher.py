@@ -132,6 +132,12 @@ def test_full_loop_resumes_at_the_exact_profile_step(tmp_path: Path) -> None:
     assert resumed.checkpoint == profile_ckpt.checkpoint == first.resumed_from
     assert outcome.run.steps_done == 90
     assert ui.summaries and ui.plans and ui.profiles
+    # the plan prices cloud hardware; the line before the run names both steps, so the
+    # plan's figure and the one the run is measured against are not confused
+    best, expected = outcome.plan_result.best, first.expectation
+    pace = next(m for m in ui.messages if "this machine's processes are predicted" in m)
+    assert f"{best.step_s * 1e3:.3g} ms" in pace and best.cluster.describe() in pace
+    assert f"{expected.step_s * 1e3:.3g} ms [{expected.low_s * 1e3:.3g}," in pace
 
     store = open_store(str(run_dir / "checkpoints"))
     newest = store.refs()[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import socket
 import sys
@@ -137,7 +138,13 @@ def test_full_loop_resumes_at_the_exact_profile_step(tmp_path: Path) -> None:
     best, expected = outcome.plan_result.best, first.expectation
     pace = next(m for m in ui.messages if "this machine's processes are predicted" in m)
     assert f"{best.step_s * 1e3:.3g} ms" in pace and best.cluster.describe() in pace
-    assert f"{expected.step_s * 1e3:.3g} ms [{expected.low_s * 1e3:.3g}," in pace
+    found = re.search(r"predicted at ([\d.]+) ms \[([\d.]+), ([\d.]+)\]", pace)
+    assert found is not None, pace
+    step, low, high = (float(x) / 1e3 for x in found.groups())
+    assert low < step < high
+    # the attempt predicts again from the cores this machine gives its processes when it
+    # starts (a shared machine's load moves): the same figure, to that noise
+    assert step == pytest.approx(expected.step_s, rel=0.1)
 
     store = open_store(str(run_dir / "checkpoints"))
     newest = store.refs()[0]

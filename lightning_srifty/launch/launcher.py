@@ -564,10 +564,11 @@ def _run_launch(
     shape = (
         f" as {topology.nodes} node(s) x {topology.procs_per_node} process(es)" if topology else ""
     )
-    ui.info(f"launching on {chosen.cluster.describe()} via the {backend.name} backend{shape}")
+    where = chosen.cluster.describe()
+    ui.info(f"launching on {where} via the {backend.name} backend{shape}")
     if local is not None:  # the plan's steps are the cloud's: say what this machine will do
         ui.info(
-            f"the plan's step ({chosen.step_s * 1e3:.3g} ms) is {chosen.cluster.describe()}'s; "
+            f"the plan's step ({chosen.step_s * 1e3:.3g} ms) is {where}'s; "
             f"this machine's processes are predicted at {expected.step_s * 1e3:.3g} ms "
             f"[{expected.low_s * 1e3:.3g}, {expected.high_s * 1e3:.3g}] a step, what the run "
             "is measured against"

@@ -13,7 +13,8 @@ when GPUs share a node (``colocation_slowdown``: host PCIe, CPU data loading). T
 treats them as per-job deviations from the hardware value (a mixed-effects model), so
 the hardware constants describe the typical job rather than absorbing one job's
 quirks, and a job whose own multi-GPU rows were in the calibration keeps its own
-values (:class:`JobTerms`). A job never seen gets the hardware values.
+values (:class:`JobTerms`). A job never seen gets the hardware values; a job seen only
+on other hosts keeps its overlap terms and takes the hardware's co-location.
 
 Bandwidths are efficiencies per transport over absolute physical rates
 (:mod:`lightning_srifty.core.links`), never fractions of one cluster's NIC, so they
@@ -560,8 +561,9 @@ class Calibration:
         """Job ``name``'s terms, ``None`` if its rows were not in the fit.
 
         Its overlap terms are the job's wherever they were measured; its co-location
-        term only where ``instance_type`` matches the hardware it was measured on
-        (elsewhere the hardware value stands in).
+        term only where ``instance_type`` matches the hardware it was measured on, or
+        where the terms name no hardware (written by hand); elsewhere the hardware
+        value stands in.
         """
         if not name:
             return None
@@ -569,13 +571,15 @@ class Calibration:
         if not mine:
             return None
         here = next((j for j in mine if instance_type and j.instance_type == instance_type), None)
-        if here is not None:
-            return here
-        # a job measured elsewhere: its data loading is the same, the host is not; the
-        # geometric mean of where it was measured is the best guess
-        coloc = [max(j.colocation_slowdown, 1e-9) for j in mine]
-        mean = math.exp(sum(math.log(c) for c in coloc) / len(coloc))
-        return replace(mine[0], colocation_slowdown=mean, instance_type="")
+        anywhere = next((j for j in mine if not j.instance_type), None)
+        if here is not None or anywhere is not None:
+            return here or anywhere
+        # a job measured elsewhere: co-location is the host's as much as the job's (one
+        # job's fitted values differ up to 200x between hosts, with no order shared by
+        # the jobs), so the hardware value, the typical job's, stands in
+        return replace(
+            mine[0], colocation_slowdown=self.physics.colocation_slowdown, instance_type=""
+        )
 
     def physics_for(self, name: str | None, instance_type: str | None = None) -> PhysicsConstants:
         """Hardware constants, with job ``name``'s own terms where the fit has them."""

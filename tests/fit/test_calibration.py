@@ -124,6 +124,7 @@ def test_a_jobs_own_tail_is_fitted_and_kept_to_that_job(tmp_path: object) -> Non
     # elsewhere the job keeps its overlap (its layer order) but not this host's co-location
     away = cal.job("beta", "another-instance-type")
     assert away is not None and away.tail_fraction == beta.tail_fraction
+    assert away.colocation_slowdown == cal.physics.colocation_slowdown
 
 
 def test_exported_trees_predict_exactly_like_scikit_learn() -> None:

@@ -571,9 +571,10 @@ class Calibration:
         if not mine:
             return None
         here = next((j for j in mine if instance_type and j.instance_type == instance_type), None)
-        anywhere = next((j for j in mine if not j.instance_type), None)
-        if here is not None or anywhere is not None:
-            return here or anywhere
+        if here is None:  # terms naming no host apply on every host
+            here = next((j for j in mine if not j.instance_type), None)
+        if here is not None:
+            return here
         # a job measured elsewhere: co-location is the host's as much as the job's (one
         # job's fitted values differ up to 200x between hosts, with no order shared by
         # the jobs), so the hardware value, the typical job's, stands in

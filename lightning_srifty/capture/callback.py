@@ -595,6 +595,11 @@ class SriftyCallback(pl.Callback):
         if self._session is not None:
             self._session.on_train_end(trainer)
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The fit ended normally: let the gloo group go before the interpreter does."""
+        if dist.is_available() and dist.is_initialized():
+            ddp.release_gloo_group_at_exit()
+
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:

@@ -8,6 +8,8 @@ what DDP does without a hook (all-reduce the bucket, divide by world size).
 
 # No ``from __future__ import annotations`` here: DDP's ``_check_comm_hook`` compares the
 # hook's real annotations with ``dist.GradBucket``, and strings would fail that check.
+import atexit
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -15,6 +17,9 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+log = logging.getLogger(__name__)
+_release_registered = False
 
 
 @dataclass
@@ -93,3 +98,37 @@ def attach(ddp_model: Any, recorder: BucketRecorder) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def release_gloo_group_at_exit() -> None:
+    """Destroys the gloo process groups when the interpreter exits, while it is still alive.
+
+    Lightning never destroys the process group, and most scripts do not either. Gloo's
+    worker threads may then still hold finished work (and Python completion callbacks,
+    such as this module's timing hook) when the interpreter is torn down; destroying
+    them there aborts the process with "terminate called without an active exception"
+    (seen on a finished two-process run). PyTorch's own ``destroy_process_group`` names
+    the cause and the cure: wait for pending hooks and shut the backends down before the
+    interpreter exits (pytorch/pytorch#65513 did the same for its own gloo tests).
+
+    Called only after a fit that ended normally: after a failure another rank may be
+    stuck in a collective, and shutting down could then wait on it. NCCL groups are left
+    alone: their destructor warns but does not abort, and its shutdown can be collective.
+    Registered once per process; a script that destroys the group itself is left as is.
+    """
+    global _release_registered
+    if _release_registered:
+        return
+    _release_registered = True
+    atexit.register(_destroy_gloo_group)
+
+
+def _destroy_gloo_group() -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() != dist.Backend.GLOO:
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # exiting anyway: say why, never mask the exit code
+        log.warning("could not destroy the gloo process group at exit: %s", exc)

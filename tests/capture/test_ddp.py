@@ -90,3 +90,34 @@ def test_communication_is_recorded(ddp_profile: Profile) -> None:
     assert comm is not None and comm.backend == "gloo"
     assert comm.allreduce_s > 0
     assert 0 <= comm.exposed_s <= ddp_profile.steps.backward_s
+
+
+_EXIT_PROBE = """
+import atexit, sys
+import torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import train_digits
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))
+train_digits.main(["--max-steps", "12", "--warmup-steps", "2", "--profile-steps", "4"])
+if sys.argv[2] == "script-destroys":
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("script", ["leaves-the-group", "script-destroys"])
+def test_a_finished_fit_lets_the_gloo_group_go_before_the_interpreter(
+    tmp_path: Path, script: str
+) -> None:
+    # Lightning never destroys its group; gloo threads torn down with the interpreter can
+    # abort a finished run ("terminate called without an active exception"). The probe's
+    # handler runs after the callback's (atexit is last-in, first-out).
+    port = str(_free_port())
+    env = dict(os.environ, SRIFTY_IMDS="off", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+               OMP_NUM_THREADS="1", PL_TRAINER_DEVICES="1", PL_TRAINER_STRATEGY="ddp",
+               PL_TRAINER_ACCELERATOR="cpu", PL_TRAINER_DEFAULT_ROOT_DIR=str(tmp_path))  # fmt: skip
+    env.pop("SRIFTY_PROFILE_PATH", None)
+    cmd = [sys.executable, "-c", _EXIT_PROBE, str(REPO / "examples"), script]
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "group alive at exit: False" in done.stdout
+    assert "could not destroy" not in done.stderr

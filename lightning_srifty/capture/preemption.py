@@ -334,10 +334,24 @@ class StepVote:
         return NO_DECISION
 
     def finish(self) -> None:
-        """Waits for a round still in flight (training ended between two rounds)."""
+        """Waits for a round still in flight (training ended between two rounds), then
+        lets the private gloo group go.
+
+        Training ended normally, so every rank has joined every round it started and
+        nothing is pending. Left alive, the group's gloo threads would be torn down with
+        the interpreter, which can abort a finished process (see
+        :func:`~lightning_srifty.capture.ddp.release_gloo_group_at_exit`); under an NCCL
+        default group nothing else would destroy it.
+        """
         if self._work is not None:
             self._work.wait()
             self._work = None
+        if self._group is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():  # the script may have destroyed every group already
+                dist.destroy_process_group(self._group)
+            self._group = None
 
 
 def finish_preempted(state_dir: Path | None) -> int:

@@ -136,3 +136,39 @@ def test_one_process_decides_on_its_own_flags() -> None:
     assert vote.collect() == VoteResult()
     assert vote.launch(notice=True, checkpoint_due=False) == VoteResult(preempt=True)
     assert vote.launch(notice=False, checkpoint_due=True) == VoteResult(checkpoint=True)
+
+
+# The vote's private gloo group is released once training ends normally (torch keeps a
+# live group in ``distributed_c10d._world.pg_map``; ``destroy_process_group`` removes it).
+RELEASE = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from lightning_srifty.capture.preemption import StepVote
+
+    dist.init_process_group("gloo")
+    vote = StepVote()
+    vote.start()
+    group = vote._group
+    assert vote.distributed and group in c10d._world.pg_map
+    vote.launch(notice=dist.get_rank() == 1, checkpoint_due=False)  # a round in flight
+    vote.finish()
+    print("released:", not vote.distributed and group not in c10d._world.pg_map, flush=True)
+    dist.all_reduce(torch.ones(1))  # the default group is untouched
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_finished_vote_releases_its_gloo_group(tmp_path: Path) -> None:
+    script = tmp_path / "release.py"
+    script.write_text(RELEASE)
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(port), str(script),
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("released: True") == 2, done.stdout[-2000:]

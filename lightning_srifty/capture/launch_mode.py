@@ -97,6 +97,7 @@ class LaunchSession:
         from lightning_srifty.io.checkpoint_store import open_store
 
         self.settings = settings
+        dump_stacks_on_request()
         self.store = open_store(settings.checkpoint_uri, keep=settings.keep_checkpoints)
         running = settings.mode in proto.RUNNING_MODES
         self.watcher = PreemptionWatcher(os.environ) if running else None
@@ -834,3 +835,24 @@ def _adopt_early_sigterm(trainer: pl.Trainer, watcher: PreemptionWatcher) -> Non
     if connector is not None and getattr(connector, "received_sigterm", False):
         connector.received_sigterm = False
         watcher.notice("SIGTERM (before training started)")
+
+
+def dump_stacks_on_request() -> None:
+    """Writes every thread's stack to stderr (the node's log) on
+    :data:`~lightning_srifty.core.launch_protocol.STACK_DUMP_SIGNAL`.
+
+    A job that outlives its revocation's grace is stuck, often in native code where no
+    Python handler runs; ``faulthandler`` answers from C. ``chain=True`` keeps a handler
+    the script installed for the same signal.
+    """
+    import faulthandler
+    import signal
+
+    signum = getattr(signal, proto.STACK_DUMP_SIGNAL, None)
+    if signum is None or not hasattr(faulthandler, "register"):
+        return  # not on this platform (Windows)
+    try:
+        faulthandler.register(signum, all_threads=True, chain=True)
+    except (RuntimeError, ValueError, OSError) as exc:  # no usable stderr, or refused
+        print(f"srifty: stack dumps on {proto.STACK_DUMP_SIGNAL} unavailable: {exc}",
+              file=sys.stderr)  # fmt: skip

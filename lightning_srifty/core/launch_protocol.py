@@ -79,6 +79,13 @@ NO_CALLBACK_MESSAGE = (
 PREEMPTED_EXIT_CODE = 75
 """The job's exit status after an emergency checkpoint (``EX_TEMPFAIL``: try again)."""
 
+STACK_DUMP_SIGNAL = "SIGUSR2"
+"""The signal on which a launched job writes every thread's stack to its log
+(``faulthandler``, from C, so a process stuck in native code answers too). The local
+backend sends it to a process still alive when a revocation's grace after SIGTERM ends,
+just before SIGKILL: the log then says where it hung."""
+
+
 NO_GPU_EXIT_CODE = 4
 """A node SkyPilot gave GPUs on which torch sees fewer than the job needs: the run
 stops before training (never trains on CPU instead)."""

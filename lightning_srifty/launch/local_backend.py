@@ -32,6 +32,9 @@ from lightning_srifty.core.errors import LaunchError
 from lightning_srifty.core.planner import WHOLE_CORE_SHARE
 from lightning_srifty.launch.backend import PREEMPTED_EXIT_CODE, JobState, LaunchSpec
 
+STACK_DUMP_WAIT_S = 1.0
+"""How long the stack dump of a process that outlived its grace may take to be written."""
+
 
 @dataclass(frozen=True)
 class LocalTopology:
@@ -432,6 +435,8 @@ def _signal_trees(
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    if alive and first != signal.SIGKILL:
+        alive = _dump_stacks(alive, first, grace_s)
     for member in alive:
         try:
             member.kill()
@@ -443,3 +448,30 @@ def _signal_trees(
             proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _dump_stacks(
+    alive: list[psutil.Process], first: signal.Signals, grace_s: float
+) -> list[psutil.Process]:
+    """Asks processes that outlived the grace for their threads' stacks before SIGKILL.
+
+    A launched job writes them to its node log on :data:`proto.STACK_DUMP_SIGNAL`; a
+    process that did not register it (the torchrun agent) ends on it, which SIGKILL was
+    about to do anyway. Returns the processes still alive afterwards.
+    """
+    dump = getattr(signal, proto.STACK_DUMP_SIGNAL, None)
+    if dump is None:
+        return alive
+    pids = ", ".join(str(p.pid) for p in alive)
+    print(
+        f"srifty: {len(alive)} process(es) ({pids}) still running {grace_s:.0f} s after "
+        f"{first.name}; their threads' stacks go to the node logs, then SIGKILL",
+        file=sys.stderr,
+    )
+    for member in alive:
+        try:
+            member.send_signal(dump)
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=STACK_DUMP_WAIT_S)
+    return list(still)

@@ -199,3 +199,33 @@ def test_a_failed_job_with_no_exception_says_how_each_worker_ended(tmp_path: Pat
     assert backend.wait(job, timeout_s=120) is JobState.FAILED, backend.log_tail(job)
     # each worker's own exit code, from torchrun's summary (its agents exit with 1)
     assert backend.failure_detail(job) == "rank 0 exited with code 3; rank 1 exited with code 3"
+
+
+STUCK = textwrap.dedent(
+    """
+    import os, signal, time
+    from lightning_srifty.capture.launch_mode import dump_stacks_on_request
+    dump_stacks_on_request()  # what a launched job's callback does first
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stuck: the notice changes nothing
+    with open(os.path.join(os.environ["SRIFTY_STATE_DIR"], f"up-{os.environ['RANK']}"), "w") as fh:
+        fh.write(str(os.getpid()))
+    def stuck_in_here():
+        while True:
+            time.sleep(0.1)
+    stuck_in_here()
+    """
+)
+
+
+def test_a_job_that_outlives_its_grace_leaves_its_stacks_in_the_node_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    backend, job = launch_script(tmp_path, STUCK, plan(1, 1))
+    _wait_up(job, 1)
+    backend.preempt(job, grace_s=1.0)
+    assert all(p.poll() is not None for p in job.processes)
+    said = capsys.readouterr().err
+    assert "still running 1 s after SIGTERM" in said and "SIGKILL" in said
+    log = backend.log_tail(job, 400)
+    assert "most recent call first" in log, log[-2000:]
+    assert "stuck_in_here" in log, log[-2000:]

@@ -429,11 +429,7 @@ def _signal_trees(
             tree.extend([root, *root.children(recursive=True)])
         except psutil.NoSuchProcess:
             continue
-    for member in tree:
-        try:
-            member.send_signal(first)
-        except psutil.NoSuchProcess:
-            pass
+    _send(tree, first)
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
     if alive and first != signal.SIGKILL:
         alive = _dump_stacks(alive, first, grace_s)
@@ -468,10 +464,15 @@ def _dump_stacks(
         f"{first.name}; their threads' stacks go to the node logs, then SIGKILL",
         file=sys.stderr,
     )
-    for member in alive:
-        try:
-            member.send_signal(dump)
-        except psutil.NoSuchProcess:
-            pass
+    _send(alive, dump)
     _, still = psutil.wait_procs(alive, timeout=STACK_DUMP_WAIT_S)
     return list(still)
+
+
+def _send(members: Sequence[psutil.Process], signum: int) -> None:
+    """``signum`` to each process; one that already ended is skipped."""
+    for member in members:
+        try:
+            member.send_signal(signum)
+        except psutil.NoSuchProcess:
+            pass

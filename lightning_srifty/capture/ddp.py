@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 log = logging.getLogger(__name__)
-_release_registered = False
 
 
 @dataclass
@@ -114,12 +113,10 @@ def release_gloo_group_at_exit() -> None:
     Called only after a fit that ended normally: after a failure another rank may be
     stuck in a collective, and shutting down could then wait on it. NCCL groups are left
     alone: their destructor warns but does not abort, and its shutdown can be collective.
-    Registered once per process; a script that destroys the group itself is left as is.
+    Registered once per process (a second fit replaces the first registration); a
+    script that destroys the group itself is left as is.
     """
-    global _release_registered
-    if _release_registered:
-        return
-    _release_registered = True
+    atexit.unregister(_destroy_gloo_group)
     atexit.register(_destroy_gloo_group)
 
 

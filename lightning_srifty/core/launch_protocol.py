@@ -85,7 +85,6 @@ STACK_DUMP_SIGNAL = "SIGUSR2"
 backend sends it to a process still alive when a revocation's grace after SIGTERM ends,
 just before SIGKILL: the log then says where it hung."""
 
-
 NO_GPU_EXIT_CODE = 4
 """A node SkyPilot gave GPUs on which torch sees fewer than the job needs: the run
 stops before training (never trains on CPU instead)."""

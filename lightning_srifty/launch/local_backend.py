@@ -433,11 +433,7 @@ def _signal_trees(
     _, alive = psutil.wait_procs(tree, timeout=grace_s)
     if alive and first != signal.SIGKILL:
         alive = _dump_stacks(alive, first, grace_s)
-    for member in alive:
-        try:
-            member.kill()
-        except psutil.NoSuchProcess:
-            pass
+    _send(alive, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=5.0)
     for proc in processes:
         try:

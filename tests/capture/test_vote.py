@@ -142,7 +142,7 @@ def test_one_process_decides_on_its_own_flags() -> None:
 # live group in ``distributed_c10d._world.pg_map``; ``destroy_process_group`` removes it).
 RELEASE = textwrap.dedent(
     """
-    import torch, torch.distributed as dist
+    import os, torch, torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     from lightning_srifty.capture.preemption import StepVote
 
@@ -153,7 +153,9 @@ RELEASE = textwrap.dedent(
     assert vote.distributed and group in c10d._world.pg_map
     vote.launch(notice=dist.get_rank() == 1, checkpoint_due=False)  # a round in flight
     vote.finish()
-    print("released:", not vote.distributed and group not in c10d._world.pg_map, flush=True)
+    released = not vote.distributed and group not in c10d._world.pg_map
+    with open(os.path.join(os.path.dirname(__file__), f"released-{dist.get_rank()}"), "w") as fh:
+        fh.write(str(released))  # a file per rank: two ranks' prints interleave
     dist.all_reduce(torch.ones(1))  # the default group is untouched
     dist.destroy_process_group()
     """
@@ -171,4 +173,5 @@ def test_a_finished_vote_releases_its_gloo_group(tmp_path: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("released: True") == 2, done.stdout[-2000:]
+    said = [(tmp_path / f"released-{rank}").read_text() for rank in (0, 1)]
+    assert said == ["True", "True"], done.stdout[-2000:]

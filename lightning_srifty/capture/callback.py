@@ -57,7 +57,7 @@ import platform
 import statistics
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,7 @@ from lightning_srifty.capture.checkpointing import (
     restore_rng_state,
     rng_state_for_this_rank,
 )
+from lightning_srifty.capture.compiled import compiled_frames, describe_compiled, run_eagerly
 from lightning_srifty.capture.environment import (
     accelerator_from_device_name,
     detect_placement,
@@ -324,6 +325,9 @@ class SriftyCallback(pl.Callback):
         self._hookless_params: list[torch.Tensor] = []
         self._recorder: ddp.BucketRecorder | None = None
         self._flop_mode: FlopCounterMode | None = None
+        self._end_eager: Callable[[], None] = _nothing
+        """Ends the FLOP count's eager stance (:func:`~lightning_srifty.capture.compiled.
+        run_eagerly`)."""
         self._module_flops: dict[str, float] = {}
         """Forward FLOPs per module, exclusive of the modules below it."""
         self._flop_forward: dict[str, float] = {}
@@ -359,6 +363,13 @@ class SriftyCallback(pl.Callback):
         """The update whose FLOPs are counted (moved once by :meth:`_extension`); the
         window starts on the next."""
         self._window_goal = self.profile_steps
+        self._compiled = ""
+        """What in the step is ``torch.compile``'d, in words (:mod:`~lightning_srifty.
+        capture.compiled`): its layers are not hooked and the step is timed whole."""
+        self._frames_at_start = 0
+        self._frames_at_step = 0
+        self._compiling_steps: set[int] = set()
+        """Window steps (indices into ``_steps``) during which something compiled."""
 
     # ------------------------------------------------------------ lightning
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -387,6 +398,8 @@ class SriftyCallback(pl.Callback):
         self._clock = CudaClock() if pl_module.device.type == "cuda" else CpuClock()
         self._modules = dict(pl_module.named_modules())
         self._containers = {n for n, m in self._modules.items() if _is_container(m)}
+        self._compiled = describe_compiled(pl_module)
+        self._frames_at_start = compiled_frames()
         model = trainer.strategy.model
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             recorder = ddp.BucketRecorder(mark=self._clock.mark, process_group=model.process_group)
@@ -413,20 +426,26 @@ class SriftyCallback(pl.Callback):
                 # Warm (not the first step) and hook-free (not the FLOP count's step).
                 self._clean_start = self._clock.mark()
             if self._seen_steps == self._flop_step:
+                self._end_eager = run_eagerly()
                 self._flop_mode = DeviceTolerantFlopCounter(display=False)
                 self._flop_mode.__enter__()
                 self._flop_forward = {}
+                self._detect_compiled()
+                if self._compiled:
+                    self._hook_activations()
             if self._seen_steps == self._flop_step + 1:
                 self._window_global_step = int(trainer.global_step)
                 self._start_window(pl_module, batch)
                 self._loader_meter.start(trainer)
             if self._measuring:
                 self._micros, self._calls, self._stack = [], [], []
+                self._frames_at_step = compiled_frames()
                 if self._recorder is not None:
                     self._recorder.take()
         self._micro_in_step += 1
         if self._flop_mode is not None:
             self._flop_mark = _flop_totals(self._flop_mode)
+            self._seen_outputs = {}
         if self._measuring:
             self._loader_meter.observe(trainer, batch_idx)
             self._in_step = True
@@ -503,6 +522,8 @@ class SriftyCallback(pl.Callback):
             self._end_mark = self._clock.mark()
             self._in_step = False
             self._finish_step()
+            if compiled_frames() != self._frames_at_step:
+                self._compiling_steps.add(len(self._steps) - 1)
             if self.profile_epochs is None:
                 if len(self._steps) == self.profile_steps:  # the configured count
                     self._window_goal += self._extension(trainer, self._hooked_spans)
@@ -637,8 +658,11 @@ class SriftyCallback(pl.Callback):
             self._local_batch_size = 1
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
+        self._detect_compiled()
+        if self._compiled:
+            self._note_compiled(pl_module)
         hooked: set[int] = set()
-        for name, module in self._modules.items():
+        for name, module in {} if self._compiled else self._modules.items():
             # Every module, not only leaves: a module that computes in its own forward
             # (MultiheadAttention, a wrapper applying F.relu) gets its self time.
             self._handles.append(module.register_forward_pre_hook(self._pre_forward_hook(name)))
@@ -654,6 +678,35 @@ class SriftyCallback(pl.Callback):
         self._compute_cpu_s = self._compute_wall_s = 0.0
         self._compute_oncpu_s = self._compute_queued_s = 0.0
         self._measuring = True
+
+    def _detect_compiled(self) -> None:
+        """Compiled code the modules did not show: something compiled since training began."""
+        if not self._compiled and compiled_frames() > self._frames_at_start:
+            self._compiled = "the training step runs torch.compile'd code"
+
+    def _hook_activations(self) -> None:
+        """Counts a compiled model's activations in the FLOP count's step, which runs
+        eagerly (:func:`~lightning_srifty.capture.compiled.run_eagerly`), so the hooks
+        reach no graph: the memory model needs them where no CUDA peak is measured."""
+        for name, module in self._modules.items():
+            if name not in self._containers:
+                self._handles.append(module.register_forward_hook(self._activation_hook(name)))
+
+    def _activation_hook(self, name: str) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            fresh = [t for t in _tensors(output) if not self._seen(t)]
+            self._seen_outputs.update((id(t), weakref.ref(t)) for t in fresh)
+            self._activation_bytes[name] = sum(t.numel() * t.element_size() for t in fresh)
+
+        return hook
+
+    def _note_compiled(self, pl_module: pl.LightningModule) -> None:
+        if self.verbose and pl_module.global_rank == 0:
+            print(
+                f"srifty: {self._compiled}, so layers are not timed one by one (hooks would "
+                "split its graphs and recompile them); each step is timed whole",
+                flush=True,
+            )
 
     def _pre_forward_hook(self, name: str) -> Any:
         container = name in self._containers
@@ -788,6 +841,10 @@ class SriftyCallback(pl.Callback):
             return
         mode, self._flop_mode = self._flop_mode, None
         mode.__exit__(None, None, None)
+        if self._compiled:
+            self._remove_hooks()  # the activation counters
+        self._end_eager()
+        self._end_eager = _nothing
         counts = {k: float(sum(v.values())) for k, v in mode.get_flop_counts().items()}
         self._flops_per_step = float(mode.get_total_flops())
         forward = self._flop_forward or counts
@@ -817,7 +874,10 @@ class SriftyCallback(pl.Callback):
         A record is a module that ran in the window (not a pure container such as
         ``nn.Sequential``), plus any module owning parameters with no record above it
         (the LightningModule itself, say). Every parameter belongs to exactly one.
+        A compiled model has none: its layers were not timed.
         """
+        if self._compiled:
+            return _Records(names=(), params={}, blocks={}, display={})
         ran = [n for n in self._ran if n and n not in self._containers]
         owners: list[tuple[str, int, int]] = []
         seen: set[int] = set()
@@ -896,9 +956,12 @@ class SriftyCallback(pl.Callback):
         means = self._layers.means()
         forward = fold_into_records({n: f for n, (f, _) in means.items()}, records.names)
         backward = fold_into_records({n: b for n, (_, b) in means.items()}, records.names)
+        # Steps that compiled are left out (all kept if every step did): the same count
+        # on every rank, since each rank measured the same window.
+        timed = [s for i, s in enumerate(self._steps) if i not in self._compiling_steps]
         mine = RankMeasurement(
             rank=trainer.global_rank,
-            steps=tuple(self._steps),
+            steps=tuple(timed or self._steps),
             layers={
                 records.display[n]: (forward.get(n, 0.0), backward.get(n, 0.0))
                 for n in records.names
@@ -1032,6 +1095,13 @@ class SriftyCallback(pl.Callback):
             ),  # fmt: skip
             script=facts_for(trainer),
             host_share=self._host_share,
+            compiled=(
+                {"what": self._compiled, "steps_left_out": len(self._compiling_steps)}
+                if self._compiled
+                else None
+            ),
+            # no layer records to carry them: the total the eager FLOP step counted
+            activation_bytes=sum(self._activation_bytes.values()) if self._compiled else None,
             data_loading=self._data_loading,
         )
 
@@ -1062,6 +1132,10 @@ class SriftyCallback(pl.Callback):
             float32_matmul_precision=math_mode.matmul_precision,
             cudnn_allow_tf32=math_mode.cudnn_allow_tf32,
         )
+
+
+def _nothing() -> None:
+    """Nothing to undo."""
 
 
 def _gather(mine: RankMeasurement, world_size: int) -> list[RankMeasurement]:

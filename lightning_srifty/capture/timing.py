@@ -191,6 +191,12 @@ class ModelFacts:
     """The hooked window against the hook-free warm-up steps (:func:`hook_overhead_scale`)."""
     data_loading: DataLoading | None = None
     """The training loader's workers' CPU per batch over the window (with workers)."""
+    compiled: dict[str, Any] | None = None
+    """What in the step is ``torch.compile``'d and how many window steps compiled (left
+    out); ``None`` when nothing is."""
+    activation_bytes: int | None = None
+    """Activations of a step where no layer records hold them (a compiled model);
+    ``None``: the sum of ``layer_activation_bytes``."""
 
 
 def ancestors(name: str) -> list[str]:
@@ -380,7 +386,11 @@ def build_profile(measurements: Sequence[RankMeasurement], facts: ModelFacts) ->
             param_bytes=facts.param_bytes,
             grad_bytes=grad_bytes,
             optimizer_state_bytes=facts.optimizer_state_bytes,
-            activation_bytes=sum(facts.layer_activation_bytes.values()),
+            activation_bytes=(
+                facts.activation_bytes
+                if facts.activation_bytes is not None
+                else sum(facts.layer_activation_bytes.values())
+            ),
             peak_bytes=max(m.peak_memory_bytes for m in ordered),
             peak_kind=facts.peak_kind,
         ),
@@ -426,6 +436,8 @@ def _extra(facts: ModelFacts) -> dict[str, Any]:
         extra["host"] = dict(facts.host_share)
     if facts.hooks is not None:
         extra["hooks"] = dict(facts.hooks)
+    if facts.compiled is not None:
+        extra["compiled"] = dict(facts.compiled)
     return extra
 
 

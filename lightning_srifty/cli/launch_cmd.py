@@ -355,11 +355,13 @@ class RichUI:
     def show_profile(self, run: ProfileRun) -> None:
         prof = run.profile
         st = prof.steps
+        compiled = isinstance(prof.extra.get("compiled"), dict)
         self.info(
             f"profile written to {run.profile_path}: step {st.step.mean_s * 1e3:.1f} ms "
             f"(p90 {st.step.p90_s * 1e3:.1f} ms) on {prof.environment.device_name}, "
             f"{prof.grad_bytes / 1e6:.2f} MB of gradients, local batch "
             f"{prof.environment.local_batch_size}"
+            + ("; compiled (torch.compile): timed whole, no layers" if compiled else "")
         )
 
     def show_plan(self, result: PlanResult, request: PlanRequest) -> None:

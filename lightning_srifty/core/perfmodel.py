@@ -408,9 +408,15 @@ class PerformanceModel:
         return max(measured - sum(work for _, work in self.layer_work(profile)), 0.0)
 
     def _absolute_roofline_ratio(self, profile: Profile, peak: float, bw: float) -> float | None:
-        """CPU (or unlisted) source: predict from FLOPs and bytes alone."""
+        """CPU (or unlisted) source: predict from FLOPs and bytes alone (a compiled
+        model's profile has no layers: its step's activations)."""
         flops = profile.flops_per_step or sum(x.flops for x in profile.layers)
-        moved = 3 * sum(x.activation_bytes for x in profile.layers)
+        activations = (
+            sum(x.activation_bytes for x in profile.layers)
+            if profile.layers
+            else profile.memory.activation_bytes
+        )
+        moved = 3 * activations
         measured = profile.steps.forward_s + profile.steps.backward_s
         if measured <= 0:
             measured = profile.steps.step.mean_s

@@ -502,8 +502,11 @@ class Profile:
             extra=dict(extra),
             schema_version=version,
         )
-        if kind == "detailed" and not profile.layers:
-            raise r.fail("layers", "a detailed profile needs at least one layer")
+        if kind == "detailed" and not profile.layers and "compiled" not in profile.extra:
+            # a compiled model is timed whole (capture/compiled.py): no layer records
+            raise r.fail(
+                "layers", "a detailed profile needs at least one layer (or extra.compiled)"
+            )
         if kind == "coarse" and not profile.batch_points and profile.steps.step.mean_s <= 0:
             raise r.fail(
                 "batch_points", "a coarse profile needs batch_points or a positive step time"

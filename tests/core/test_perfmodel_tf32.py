@@ -14,7 +14,7 @@ import pytest
 from lightning_srifty.core.calibration import Calibration, PhysicsConstants
 from lightning_srifty.core.catalog import GpuSpec, Offer, peak_tflops
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
-from lightning_srifty.core.perfmodel import PerformanceModel, tf32_share
+from lightning_srifty.core.perfmodel import ROOFLINE_EFFICIENCY, PerformanceModel, tf32_share
 from lightning_srifty.core.profile import (
     Environment,
     LayerTiming,
@@ -169,3 +169,23 @@ def test_coarse_profiles_take_the_matmul_setting_or_an_even_blend() -> None:
 def test_a_tf32_share_outside_0_to_1_is_refused() -> None:
     with pytest.raises(ValueError, match="tf32_share"):
         peak_tflops(H100, "fp32", 1.5)
+
+
+def test_a_compiled_models_cpu_profile_moves_its_activations_on_the_gpu() -> None:
+    """A compiled model is profiled with no layers (``capture/compiled.py``): its step's
+    activations, written once and read twice, still bound it by the target's memory
+    bandwidth. Before, it moved no bytes and a memory-bound step was priced by its FLOPs."""
+    step = 0.05
+    profile = Profile(
+        kind="detailed",
+        environment=Environment("cpu (x86_64)", "cpu", 1, 1, 1, "32-true", 32, "2.13.0", "2.6.6"),
+        steps=StepTimes(Spread(step, step, step, 10), 0.02, 0.03, 0.0, 0.0, 2, 10),
+        grad_bytes=4_000_000,
+        flops_per_step=1e6,  # next to nothing: the bytes decide
+        memory=Memory(4_000_000, 4_000_000, 8_000_000, 2_000_000_000, 0, "unknown"),
+        extra={"compiled": {"what": "Net is compiled (torch.compile)", "steps_left_out": 0}},
+    )
+    ratio = PerformanceModel(SPECS).compute_ratio(profile, "H100")
+    bandwidth_bound_s = 3 * 2_000_000_000 / (H100.mem_bw_gbps * 1e9) / ROOFLINE_EFFICIENCY
+    assert ratio is not None
+    assert ratio * step == pytest.approx(bandwidth_bound_s, rel=1e-9)

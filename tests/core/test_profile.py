@@ -89,6 +89,16 @@ def test_detailed_profile_without_layers_is_rejected() -> None:
         Profile.from_dict(d)
 
 
+def test_a_compiled_models_profile_has_no_layers_and_loads() -> None:
+    """A ``torch.compile``'d model is timed whole (``capture/compiled.py``)."""
+    d = coarse_profile().to_dict()
+    d["kind"] = "detailed"
+    d["extra"] = {"compiled": {"what": "Net is compiled (torch.compile)", "steps_left_out": 1}}
+    profile = Profile.from_dict(d)
+    assert profile.layers == ()
+    assert profile.extra["compiled"]["steps_left_out"] == 1
+
+
 def test_step_points_fall_back_to_profiled_step() -> None:
     d = coarse_profile().to_dict()
     d["batch_points"] = []

@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import gc
+import inspect
 import math
 import os
 import platform
@@ -369,6 +370,8 @@ class SriftyCallback(pl.Callback):
         self._frames_at_start = 0
         self._frames_at_step = 0
         self._compiling_steps: set[int] = set()
+        self._synced_logs: list[str] = []
+        """Each value the FLOP count's step logged every step with ``sync_dist=True``."""
         """Window steps (indices into ``_steps``) during which something compiled."""
 
     # ------------------------------------------------------------ lightning
@@ -433,6 +436,7 @@ class SriftyCallback(pl.Callback):
                 self._detect_compiled()
                 if self._compiled:
                     self._hook_activations()
+                self._count_synced_logs(trainer, pl_module)
             if self._seen_steps == self._flop_step + 1:
                 self._window_global_step = int(trainer.global_step)
                 self._start_window(pl_module, batch)
@@ -700,6 +704,37 @@ class SriftyCallback(pl.Callback):
 
         return hook
 
+    def _count_synced_logs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Lists the FLOP count's step's values logged every step with ``sync_dist=True``.
+
+        Under DDP Lightning all-reduces each on every step (``_ResultMetric.update``
+        calls ``meta.sync`` for ``on_step`` values; measured with 2 gloo processes: one
+        ``all_reduce`` a step per such value, none for ``on_epoch``-only ones, unsynced
+        ones or ``rank_zero_only`` ones). A one-process run pays nothing, and Lightning
+        drops the request there (``LightningModule.log``: ``sync_dist and ...
+        is_distributed``), so the request is read as the script makes it: ``log`` is
+        wrapped for this step, which runs eagerly, so a compiled step is not retraced.
+        The level (``on_step``) is Lightning's own resolution, read back after the call.
+        """
+        original = pl_module.log
+        signature = inspect.signature(original)
+
+        def log(*args: Any, **kwargs: Any) -> None:
+            original(*args, **kwargs)
+            try:
+                asked = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                return
+            if not asked.get("sync_dist") or asked.get("rank_zero_only"):
+                return
+            key = f"{getattr(pl_module, '_current_fx_name', '')}.{asked.get('name')}"
+            results = getattr(trainer, "_results", None)
+            metric = results.get(key) if isinstance(results, Mapping) else None
+            if getattr(getattr(metric, "meta", None), "on_step", False):
+                self._synced_logs.append(key)
+
+        pl_module.log = log  # type: ignore[method-assign]
+
     def _note_compiled(self, pl_module: pl.LightningModule) -> None:
         if self.verbose and pl_module.global_rank == 0:
             print(
@@ -843,6 +878,8 @@ class SriftyCallback(pl.Callback):
         mode.__exit__(None, None, None)
         if self._compiled:
             self._remove_hooks()  # the activation counters
+        if "log" in vars(pl_module):
+            del pl_module.log  # the class's own again (:meth:`_count_synced_logs`)
         self._end_eager()
         self._end_eager = _nothing
         counts = {k: float(sum(v.values())) for k, v in mode.get_flop_counts().items()}
@@ -1102,6 +1139,7 @@ class SriftyCallback(pl.Callback):
             ),
             # no layer records to carry them: the total the eager FLOP step counted
             activation_bytes=sum(self._activation_bytes.values()) if self._compiled else None,
+            synced_logs=tuple(self._synced_logs),
             data_loading=self._data_loading,
         )
 

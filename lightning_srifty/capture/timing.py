@@ -194,6 +194,9 @@ class ModelFacts:
     compiled: dict[str, Any] | None = None
     """What in the step is ``torch.compile``'d and how many window steps compiled (left
     out); ``None`` when nothing is."""
+    synced_logs: tuple[str, ...] = ()
+    """Values the training loop logs every step with ``sync_dist=True`` (one all-reduce
+    a step apiece under DDP)."""
     activation_bytes: int | None = None
     """Activations of a step where no layer records hold them (a compiled model);
     ``None``: the sum of ``layer_activation_bytes``."""
@@ -438,6 +441,11 @@ def _extra(facts: ModelFacts) -> dict[str, Any]:
         extra["hooks"] = dict(facts.hooks)
     if facts.compiled is not None:
         extra["compiled"] = dict(facts.compiled)
+    if facts.synced_logs:
+        extra["synced_logs"] = {
+            "per_step": len(facts.synced_logs),
+            "names": list(dict.fromkeys(facts.synced_logs)),
+        }
     return extra
 
 

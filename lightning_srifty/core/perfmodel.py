@@ -85,6 +85,8 @@ what a CPU profile's FLOPs and bytes predict a GPU from, and where a GPU profile
 time stops being work that scales with the batch and the GPU (:meth:`PerformanceModel.
 layer_work`). A prior, not fitted: on the H100 runs (``benchmarks/gpu/h100-2026-11-27``)
 the measured per-sample slope over each job's roofline reads 0.22-0.65 (median 0.38)."""
+LOGGED_VALUE_BYTES = 4.0
+"""A value a script logs with ``sync_dist=True``: one float32 scalar (a loss, an accuracy)."""
 KERNEL_LAUNCH_S = 5e-6
 """Least time a GPU step spends per kernel it launches: PyTorch's eager launches cost
 5-20 us each on the CPU side (HolisticTraceAnalysis docs, "CUDA kernel launch stats"),
@@ -701,6 +703,13 @@ class PerformanceModel:
                 allreduce, compute * bwd_share, phys.tail_fraction, phys.overlap_window
             )
         overhead = np.where(world > 1, phys.step_overhead_s, 0.0)
+        # values the script logs each step with sync_dist=True: one blocking all-reduce
+        # of a scalar apiece, all latency, which nothing overlaps
+        logged = profile.synced_logs_per_step
+        if logged:
+            overhead = overhead + np.where(
+                world > 1, logged * links.allreduce_s(LOGGED_VALUE_BYTES, 1), 0.0
+            )
         step = synced + overhead
         # burst types: the NIC may run at its peak only while the average stays at baseline
         ring_bytes = 2.0 * np.maximum(world - 1, 0) / np.maximum(world, 1) * grad_bytes

@@ -458,6 +458,18 @@ class Profile:
     def is_detailed(self) -> bool:
         return self.kind == "detailed"
 
+    @property
+    def synced_logs_per_step(self) -> int:
+        """Values the script logs every step with ``sync_dist=True`` (``extra.synced_logs``).
+
+        Lightning all-reduces each such value on every step it is logged
+        (``_ResultMetric.update``: ``self.meta.sync(value.clone())`` for ``on_step``
+        metrics), one blocking collective of one scalar apiece, which a one-process
+        profile never pays.
+        """
+        synced = self.extra.get("synced_logs")
+        return int(synced["per_step"]) if isinstance(synced, dict) else 0
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict; ``from_dict(to_dict(p)) == p``."""
         out = asdict(self)
@@ -481,6 +493,12 @@ class Profile:
         extra = r.raw("extra", {})
         if not isinstance(extra, dict):
             raise r.fail("extra", "expected an object")
+        if "synced_logs" in extra:
+            if not isinstance(extra["synced_logs"], dict):
+                raise r.fail("extra.synced_logs", "expected an object with per_step")
+            synced = r.child("extra")
+            assert synced is not None
+            synced.child("synced_logs").int("per_step", minimum=0)  # type: ignore[union-attr]
         profile = Profile(
             kind=kind,
             environment=Environment.from_reader(env),

@@ -121,3 +121,28 @@ def test_a_finished_fit_lets_the_gloo_group_go_before_the_interpreter(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "group alive at exit: False" in done.stdout
     assert "could not destroy" not in done.stderr
+
+
+def test_the_values_a_profile_counts_as_synced_each_step_are_all_reduces_under_ddp(
+    tmp_path: Path,
+) -> None:
+    """``self.log(..., sync_dist=True)`` costs a collective on every step of a DDP run,
+    which the one-process profile never pays: the profile counts them, and two real
+    processes make exactly that many ``all_reduce`` calls a step (none for a value
+    logged per epoch, unsynced or on rank zero only)."""
+    script = REPO / "tests" / "capture" / "scripts" / "synced_logs.py"
+    env = dict(os.environ, SRIFTY_IMDS="off", OMP_NUM_THREADS="1")
+    env.pop("SRIFTY_PROFILE_PATH", None)
+    path = tmp_path / "profile.json"
+    one = subprocess.run([sys.executable, str(script), str(path)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    profile = load_profile(path)
+    assert profile.extra["synced_logs"]["names"] == ["training_step.loss", "training_step.both"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+                str(script), "-"]  # fmt: skip
+    two = subprocess.run(torchrun, env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=180)  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert f"all_reduce calls in a step: {profile.synced_logs_per_step}\n" in two.stdout

@@ -147,6 +147,21 @@ def test_each_message_pays_the_latency_of_every_hop_on_the_ring() -> None:
     assert inside.allreduce_s == pytest.approx(12e-3, rel=1e-3)
 
 
+def test_each_value_logged_with_sync_dist_adds_a_scalar_all_reduce_a_step() -> None:
+    """``self.log(..., sync_dist=True)`` all-reduces the value every step: one message
+    of four bytes, so its whole cost is the ring's hops, which a profile of one process
+    never paid. 2 nodes x 4 GPUs at 1 ms a cross-node hop: 2 ms a value."""
+    tiny = coarse({16: 0.18}, grad_bytes=1)
+    logs = dataclasses.replace(tiny, extra={"synced_logs": {"per_step": 3, "names": []}})
+    model = PerformanceModel(SPECS, Calibration(dataclasses.replace(PHYS, tcp_latency_s=1e-3)))
+    plain = model.predict(tiny, one_group(2, 4)).step_s
+    logged = model.predict(logs, one_group(2, 4)).step_s
+    assert logged - plain == pytest.approx(3 * 2e-3, rel=1e-3)
+    # one process reduces nothing
+    alone = model.predict(tiny, one_group(1, 1)).step_s
+    assert model.predict(logs, one_group(1, 1)).step_s == alone
+
+
 def linked(links: NodeLinks, count: int = 4, acc: str = "T4") -> Offer:
     return dataclasses.replace(offer(acc, count), links=links)
 

@@ -371,6 +371,7 @@ class SriftyCallback(pl.Callback):
         self._frames_at_step = 0
         self._compiling_steps: set[int] = set()
         self._synced_logs: list[str] = []
+        self._log_wrapper: Callable[..., None] | None = None
         """Each value the FLOP count's step logged every step with ``sync_dist=True``."""
         """Window steps (indices into ``_steps``) during which something compiled."""
 
@@ -733,7 +734,7 @@ class SriftyCallback(pl.Callback):
             if getattr(getattr(metric, "meta", None), "on_step", False):
                 self._synced_logs.append(key)
 
-        pl_module.log = log  # type: ignore[method-assign]
+        pl_module.log = self._log_wrapper = log  # type: ignore[method-assign]
 
     def _note_compiled(self, pl_module: pl.LightningModule) -> None:
         if self.verbose and pl_module.global_rank == 0:
@@ -878,8 +879,9 @@ class SriftyCallback(pl.Callback):
         mode.__exit__(None, None, None)
         if self._compiled:
             self._remove_hooks()  # the activation counters
-        if "log" in vars(pl_module):
+        if self._log_wrapper is not None and vars(pl_module).get("log") is self._log_wrapper:
             del pl_module.log  # the class's own again (:meth:`_count_synced_logs`)
+        self._log_wrapper = None
         self._end_eager()
         self._end_eager = _nothing
         counts = {k: float(sum(v.values())) for k, v in mode.get_flop_counts().items()}

@@ -842,8 +842,11 @@ def dump_stacks_on_request() -> None:
     :data:`~lightning_srifty.core.launch_protocol.STACK_DUMP_SIGNAL`.
 
     A job that outlives its revocation's grace is stuck, often in native code where no
-    Python handler runs; ``faulthandler`` answers from C. ``chain=True`` keeps a handler
-    the script installed for the same signal.
+    Python handler runs; ``faulthandler`` answers from C. A handler the script (or a
+    native library) installed for the same signal is chained, so it still runs; the
+    default action is not: ``chain=True`` re-raises the signal to the previous handler,
+    and ``SIG_DFL`` for ``SIGUSR2`` ends the process (seen: ``kill -USR2`` on a stuck
+    job's ranks dumped their stacks and killed them).
     """
     import faulthandler
     import signal
@@ -851,8 +854,11 @@ def dump_stacks_on_request() -> None:
     signum = getattr(signal, proto.STACK_DUMP_SIGNAL, None)
     if signum is None or not hasattr(faulthandler, "register"):
         return  # not on this platform (Windows)
+    previous = signal.getsignal(signum)
     try:
-        faulthandler.register(signum, all_threads=True, chain=True)
+        faulthandler.register(
+            signum, all_threads=True, chain=previous not in (signal.SIG_DFL, signal.SIG_IGN)
+        )
     except (RuntimeError, ValueError, OSError) as exc:  # no usable stderr, or refused
         print(f"srifty: stack dumps on {proto.STACK_DUMP_SIGNAL} unavailable: {exc}",
               file=sys.stderr)  # fmt: skip

@@ -698,3 +698,30 @@ def test_validation_by_the_clock_does_not_hold_a_save(tmp_path: Path) -> None:
                    num_sanity_val_steps=0, callbacks=[recorder]).fit(Validated(False))  # fmt: skip
         assert len(recorder.waits) == 9
         assert all((w is None) if expected is None else expected in str(w) for w in recorder.waits)
+
+
+_DUMP_PROBE = """
+import os, signal, sys, time
+if sys.argv[1] == "own-handler":
+    signal.signal(signal.SIGUSR2, lambda *_: print("own handler ran", flush=True))
+from lightning_srifty.capture.launch_mode import dump_stacks_on_request
+def stuck_here():
+    dump_stacks_on_request()
+    os.kill(os.getpid(), signal.SIGUSR2)
+    time.sleep(0.5)
+stuck_here()
+print("alive after the dump", flush=True)
+"""
+
+
+@pytest.mark.parametrize("script", ["default", "own-handler"])
+def test_a_stack_dump_request_leaves_the_job_running(script: str) -> None:
+    """``kill -USR2`` writes the stacks and nothing else: SIGUSR2's default action ends
+    a process, and chaining to it killed the ranks of a stuck job that was asked where
+    it hung. A handler the script installed still runs."""
+    done = subprocess.run([sys.executable, "-c", _DUMP_PROBE, script],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "alive after the dump" in done.stdout
+    assert "stuck_here" in done.stderr  # the stack, written by faulthandler
+    assert ("own handler ran" in done.stdout) == (script == "own-handler")

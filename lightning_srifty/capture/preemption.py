@@ -132,7 +132,8 @@ class PreemptionWatcher:
         """Why the spot notice is out of reach, while it is (empty otherwise)."""
         self.reason = ""
         self.noticed_at: float | None = None
-        self._flag = threading.Event()
+        self._noticed = False
+        """Set once by :meth:`_raise`: a plain attribute, never a lock (see there)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous_handler: Any = None
@@ -158,10 +159,20 @@ class PreemptionWatcher:
         self._raise(reason)
 
     def _raise(self, reason: str) -> None:
-        if not self._flag.is_set():
+        """Records the first notice. Runs inside the SIGTERM handler, so it takes no lock.
+
+        Python runs a handler between two bytecodes of the main thread, and a second
+        SIGTERM can land inside the first handler: a local rank gets one from the
+        launcher and one from torchrun's ``killpg`` at once. With a ``threading.Event``
+        the first handler held the event's lock inside ``set()`` when the second
+        handler asked for it again, and the rank hung for good, saving nothing (seen
+        in a node log's stack dump: ``_on_sigterm`` > ``Event.set`` > ``__enter__``
+        twice on one thread, the job killed after its grace).
+        """
+        if not self._noticed:
             self.reason = reason
             self.noticed_at = time.monotonic()
-            self._flag.set()
+            self._noticed = True
 
     def _poll(self) -> None:
         client = self.client or ImdsClient(self.endpoint, timeout_s=IMDS_TIMEOUT_S)
@@ -198,7 +209,7 @@ class PreemptionWatcher:
             self._stop.wait(self.poll_s)
 
     def should_checkpoint(self) -> bool:
-        return self._flag.is_set()
+        return self._noticed
 
     def close(self) -> None:
         """Stops polling and gives SIGTERM back to whoever had it."""

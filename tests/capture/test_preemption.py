@@ -53,6 +53,34 @@ def test_sigterm_raises_the_flag_and_close_restores_the_handler() -> None:
         signal.signal(signal.SIGTERM, original)
 
 
+def test_the_sigterm_handler_takes_no_lock() -> None:
+    """A handler runs between two bytecodes of the main thread, and a second SIGTERM
+    can land inside the first one (a local rank gets one from the launcher and one from
+    torchrun's ``killpg``). With a ``threading.Event`` the first handler held the
+    event's lock inside ``set()`` when the second asked for it again: the rank hung for
+    good and saved nothing (a node log's stack dump showed ``_on_sigterm`` >
+    ``Event.set`` > ``__enter__`` twice on one thread). So the handler must take no
+    lock: every C call it makes is recorded, and none may be a lock's."""
+    import sys
+
+    watcher = PreemptionWatcher({"SRIFTY_IMDS": "off"})
+    taken: list[str] = []
+
+    def record(frame: object, event: str, arg: object) -> None:
+        owner = getattr(arg, "__self__", None)
+        if event == "c_call" and "lock" in type(owner).__name__.lower():
+            taken.append(f"{type(owner).__name__}.{getattr(arg, '__name__', '?')}")
+
+    sys.setprofile(record)
+    try:
+        watcher._on_sigterm(signal.SIGTERM, None)
+        watcher._on_sigterm(signal.SIGTERM, None)  # the second notice of the same signal
+    finally:
+        sys.setprofile(None)
+    assert watcher.should_checkpoint() and watcher.reason == "SIGTERM"
+    assert taken == []
+
+
 FORCED = {"SRIFTY_IMDS": "on"}  # the test's local service stands in for EC2's
 
 

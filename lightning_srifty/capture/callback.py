@@ -370,10 +370,10 @@ class SriftyCallback(pl.Callback):
         self._frames_at_start = 0
         self._frames_at_step = 0
         self._compiling_steps: set[int] = set()
-        self._synced_logs: list[str] = []
-        self._log_wrapper: Callable[..., None] | None = None
-        """Each value the FLOP count's step logged every step with ``sync_dist=True``."""
         """Window steps (indices into ``_steps``) during which something compiled."""
+        self._synced_logs: list[str] = []
+        """Each value the FLOP count's step logged every step with ``sync_dist=True``."""
+        self._log_wrapper: Callable[..., None] | None = None
 
     # ------------------------------------------------------------ lightning
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -699,11 +699,15 @@ class SriftyCallback(pl.Callback):
 
     def _activation_hook(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            fresh = [t for t in _tensors(output) if not self._seen(t)]
-            self._seen_outputs.update((id(t), weakref.ref(t)) for t in fresh)
-            self._activation_bytes[name] = sum(t.numel() * t.element_size() for t in fresh)
+            self._count_activations(name, output)
 
         return hook
+
+    def _count_activations(self, name: str, output: Any) -> None:
+        """Activations once, by the module that produced them (not again by wrappers)."""
+        fresh = [t for t in _tensors(output) if not self._seen(t)]
+        self._seen_outputs.update((id(t), weakref.ref(t)) for t in fresh)
+        self._activation_bytes[name] = sum(t.numel() * t.element_size() for t in fresh)
 
     def _count_synced_logs(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Lists the FLOP count's step's values logged every step with ``sync_dist=True``.
@@ -775,10 +779,7 @@ class SriftyCallback(pl.Callback):
             call[3] = self._clock.mark()
             if container:
                 return
-            fresh = [t for t in _tensors(output) if not self._seen(t)]
-            self._seen_outputs.update((id(t), weakref.ref(t)) for t in fresh)
-            # Activations once, by the module that produced them (not again by wrappers).
-            self._activation_bytes[name] = sum(t.numel() * t.element_size() for t in fresh)
+            self._count_activations(name, output)
             for tensor in _tensors(output):
                 if tensor.requires_grad:
                     tensor.register_hook(self._grad_start_hook(name))

@@ -493,12 +493,11 @@ class Profile:
         extra = r.raw("extra", {})
         if not isinstance(extra, dict):
             raise r.fail("extra", "expected an object")
-        if "synced_logs" in extra:
-            if not isinstance(extra["synced_logs"], dict):
-                raise r.fail("extra.synced_logs", "expected an object with per_step")
-            synced = r.child("extra")
-            assert synced is not None
-            synced.child("synced_logs").int("per_step", minimum=0)  # type: ignore[union-attr]
+        synced = Reader(extra, source=source, path="extra", error=ProfileError).child(
+            "synced_logs", None
+        )
+        if synced is not None:
+            synced.int("per_step", minimum=0)
         profile = Profile(
             kind=kind,
             environment=Environment.from_reader(env),

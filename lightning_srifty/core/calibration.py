@@ -108,7 +108,9 @@ class PhysicsConstants:
     ACKs of A's data to B queue in the same capped flow as B's data to A (two-way
     traffic: Zhang, Shenker & Clark, SIGCOMM '91); with three or more nodes each host
     pair carries data one way only and ACKs return in an idle flow. Untunnelled
-    sockets return ACKs in flows of their own, and RDMA has no ACK clock."""
+    sockets return ACKs in flows of their own, and RDMA has no ACK clock. Without a
+    per-flow cap (an on-premises network) there is no such queue: data and ACKs share
+    each NIC's queue alike on two nodes or sixteen, so the slowdown is not applied."""
     efa_efficiency: float = 0.8
     """Achieved over the EFA interface rate (libfabric, aws-ofi-nccl)."""
     ib_efficiency: float = 0.9

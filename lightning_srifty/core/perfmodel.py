@@ -679,7 +679,13 @@ class PerformanceModel:
             cols.isolated, hop, np.asarray(phys.intra_latencies())[cols.interconnect]
         )
         intra_latency = _row_max(np.where(present & (gpn > 1), intra_hop, 0.0))
-        tunnelled = _row_max(np.where(present, (transport == 0) & cols.encapsulated, False))
+        # two-way traffic queues behind a per-flow cap only: where a tunnel makes each
+        # host pair one capped flow (an uncapped NIC queues data and ACKs alike on 2 nodes
+        # or 16)
+        capped_tunnel = (
+            (transport == 0) & cols.encapsulated & np.isfinite(cols.flow_cap_bytes_s)
+        )
+        tunnelled = _row_max(np.where(present, capped_tunnel, False))
         two_way = np.where(
             (total_nodes == 2) & tunnelled.astype(bool), phys.tcp_two_way_slowdown, 1.0
         )

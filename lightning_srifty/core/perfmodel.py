@@ -682,9 +682,7 @@ class PerformanceModel:
         # two-way traffic queues behind a per-flow cap only: where a tunnel makes each
         # host pair one capped flow (an uncapped NIC queues data and ACKs alike on 2 nodes
         # or 16)
-        capped_tunnel = (
-            (transport == 0) & cols.encapsulated & np.isfinite(cols.flow_cap_bytes_s)
-        )
+        capped_tunnel = (transport == 0) & cols.encapsulated & np.isfinite(cols.flow_cap_bytes_s)
         tunnelled = _row_max(np.where(present, capped_tunnel, False))
         two_way = np.where(
             (total_nodes == 2) & tunnelled.astype(bool), phys.tcp_two_way_slowdown, 1.0

@@ -181,7 +181,6 @@ def test_a_nic_faster_than_the_flows_is_paced_by_the_flows() -> None:
     assert capped.predict(PROFILE, one_group(2, 1, few)).inter_bytes_s == pytest.approx(8e9 / 8)
 
 
-
 def test_two_way_traffic_slows_a_two_node_tunnel_only_behind_a_per_flow_cap() -> None:
     # one tunnelled flow per host pair at 10 Gbps (AWS's 3-tuple rule), against the same
     # overlay on an uncapped on-premises network: only the cap makes ACKs queue behind data
@@ -200,6 +199,7 @@ def test_two_way_traffic_slows_a_two_node_tunnel_only_behind_a_per_flow_cap() ->
         assert ring_s(links, 3) == pytest.approx(2 * 2 / 3 * size / (10e9 / 8))
     assert ring_s(capped, 2) == pytest.approx(2.0 * size / (10e9 / 8))
     assert ring_s(uncapped, 2) == pytest.approx(size / (10e9 / 8))
+
 
 def test_one_efficiency_per_transport_whatever_the_nic() -> None:
     phys = dataclasses.replace(PHYS, tcp_efficiency=0.5, tcp_flow_gbps=1000.0)

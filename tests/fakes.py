@@ -296,6 +296,9 @@ class ClusterScript:
     hang_after_s: float | None = None
     """The user's code hangs (a deadlock) this long after training started: its
     processes live on and print nothing more, the job stays RUNNING."""
+    hangs_at_start: bool = False
+    """The user's code hangs before its first progress line (a DataLoader worker stuck
+    in its fork while the loaders start): RUNNING, and nothing printed, ever."""
     preempt_after_s: float | None = None
     """AWS reclaims the nodes: its notice comes this long after training started."""
     notice: bool = True
@@ -429,6 +432,8 @@ class FakeCluster:
     def hang_at(self) -> float:
         """When the job stops making progress for good (never: infinity)."""
         s = self.script
+        if s.hangs_at_start:
+            return self.run_at
         return math.inf if s.hang_after_s is None else self.run_at + s.hang_after_s
 
     def _job_end(self) -> tuple[float, str, int]:
@@ -542,6 +547,8 @@ class FakeCluster:
         """The progress events the job printed up to ``t`` (and before it died)."""
         limit = min(t, self.death_at())
         if limit < self.run_at or self.script.setup_fails or self.stalled or self.no_job:
+            return []
+        if self.script.hangs_at_start:
             return []
         out: list[tuple[float, ProgressEvent]] = []
         start = ProgressEvent(

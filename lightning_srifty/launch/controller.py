@@ -18,8 +18,10 @@ What ends an attempt, and what the controller does about it:
   ``policy_every_s``; when it sends the job back to spot, the running job is drained
   (it saves a checkpoint on the signal) and relaunched there;
 * **a hang** (the job reported progress, then nothing for ``stall_timeout_s`` while
-  it runs: a deadlocked collective, a DataLoader worker stuck in its fork): stopped and
-  relaunched on the same plan from the newest checkpoint; it gives up when the job
+  it runs: a deadlocked collective, a DataLoader worker stuck in its fork), or **a hung
+  start-up** (running, no progress line yet, and no output at all for the stall timeout
+  or :data:`STARTUP_FACTOR` times the longest start-up this job has measured): stopped
+  and relaunched on the same plan from the newest checkpoint; it gives up when the job
   hangs again without getting further;
 * anything else (the job failed, setup failed) ends the run with one line.
 
@@ -68,6 +70,11 @@ STALL_STEPS = 10.0
 """A job is not hung before this many of its predicted steps passed without a line."""
 HANGS_WITHOUT_PROGRESS = 2
 """Relaunches after a hang that got no further before the run gives up on the job."""
+STARTUP_FACTOR = 3.0
+"""A start-up is not hung before it has been silent for this many times the longest
+start-up the job has measured (its profiling run's, its attempts'): a script's own
+start (imports, ``prepare_data``, loading a dataset, the loaders' first batches) may be
+silent for as long as it takes, which a cloud node may take longer over."""
 
 
 @dataclass(frozen=True)
@@ -298,6 +305,9 @@ class LogProgress:
         self.complete = False
         """The stream ended normally (``None``): every line of the log was read."""
         self.reconnects = 0
+        self.received = 0
+        """Characters of the log read so far (a reopened stream counts once it passes
+        where the last one got to): what the job has written, progress lines or not."""
         self._thread = threading.Thread(
             target=self._follow, args=(stream,), name="srifty-log-progress", daemon=True
         )
@@ -308,10 +318,13 @@ class LogProgress:
         last_try = False
         while True:
             partial = ""
+            read = 0
             try:
                 for chunk in stream():
                     if chunk is None:
                         break
+                    read += len(chunk)
+                    self.received = max(self.received, read)
                     lines = (partial + chunk).split("\n")
                     partial = lines.pop()
                     if self._take(lines):
@@ -424,7 +437,13 @@ class Controller:
     """The stall watchdog: a running job that has reported progress and then writes no
     progress line (step, validation heartbeat, checkpoint) for this long, or for
     :data:`STALL_STEPS` predicted steps when longer, hangs. Nothing else would end it
-    (gloo waits 30 min, then fails the run). ``None``: never watched."""
+    (gloo waits 30 min, then fails the run). Before its first progress line a job hangs
+    when it writes no output at all for this long, or for :data:`STARTUP_FACTOR` times
+    the longest of :attr:`startups_s` (a hung start-up bills as long as a hung step).
+    ``None``: never watched."""
+    startups_s: Sequence[float] = ()
+    """Start-ups of this job measured before this run loop (its profiling run's, a
+    resumed run's earlier attempts'), in seconds; each attempt's own is added."""
     cooldown_attempts: int = 2
     """Attempts (or waits) during which a preempted offer counts as unavailable."""
     wait_s: float = 60.0
@@ -474,6 +493,7 @@ class Controller:
     sleep: Callable[[float], None] = time.sleep
     wall: Callable[[], float] = time.time
     _cooling: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
+    _measured_startups: list[float] = field(default_factory=list, init=False, repr=False)
     attempt: int = field(default=0, init=False)
     """Number of the attempt under way (attempts of a resumed run continue the count)."""
     expectation: Expectation | None = field(default=None, init=False)
@@ -592,6 +612,7 @@ class Controller:
         attempts: list[AttemptReport] = []
         migrations: list[Migration] = []
         self._cooling = {}
+        self._measured_startups = []
         started = self.clock()
         cost = 0.0
         preempted_at: float | None = None
@@ -614,6 +635,7 @@ class Controller:
                     no_capacity=str(exc),
                 )  # fmt: skip
             if report.startup_s is not None:
+                self._measured_startups.append(report.startup_s)
                 # the policy prices its next move at what this run's moves take
                 self.next_planner.observe_startup(report.startup_s / 3600.0)
                 if self.on_startup is not None:
@@ -789,6 +811,7 @@ class Controller:
         keep = False
         ended = False
         heard, heard_at = 0, t0
+        output = -1  # how much the job has written, before its first progress line
         warned = False
         hung = ""
         try:
@@ -813,6 +836,24 @@ class Controller:
                         (self.on_silence or log.warning)(
                             f"no progress line for {silent:.0f} s after step {last}: taken "
                             f"as a hang and relaunched at {limit:.0f} s (--stall-timeout)"
+                        )
+                elif not injected and moved is None:  # running, no progress line yet
+                    written = self._output_of(handle, progress)
+                    if written != output:  # any output is a sign of life
+                        output, heard_at, warned = written, now, False
+                    limit = self._startup_limit_s()
+                    silent = now - heard_at
+                    if silent > limit:
+                        hung = f"no output for {silent:.0f} s before its first progress line"
+                        log.warning("the job's start-up hangs (%s): stopping it", hung)
+                        break
+                    if silent > limit / 2 and not warned:
+                        warned = True
+                        (self.on_silence or log.warning)(
+                            f"no output for {silent:.0f} s before the job's first progress "
+                            f"line: its start-up is taken as hung and relaunched at "
+                            f"{limit:.0f} s (--stall-timeout, or {STARTUP_FACTOR:g}x the "
+                            "longest start-up this job measured)"
                         )
                 if self.on_update:
                     self.on_update(
@@ -913,6 +954,22 @@ class Controller:
         if self.stall_timeout_s is None:
             return float("inf")
         return max(self.stall_timeout_s, STALL_STEPS * expect.high_s)
+
+    def _startup_limit_s(self) -> float:
+        """Silence after which a job that has written no progress line yet is hung."""
+        if self.stall_timeout_s is None:
+            return float("inf")
+        longest = max(self._startups(), default=0.0)
+        return max(self.stall_timeout_s, STARTUP_FACTOR * longest)
+
+    def _startups(self) -> list[float]:
+        return [*self.startups_s, *self._measured_startups]
+
+    def _output_of(self, handle: object, progress: ProgressSource) -> int:
+        """How much the job has written so far (its node logs, its log stream)."""
+        written = int(getattr(progress, "received", 0))
+        measure = getattr(self.backend, "output_bytes", None)
+        return written + (int(measure(handle)) if measure is not None else 0)
 
     def _refine(
         self,

@@ -86,6 +86,9 @@ if TYPE_CHECKING:
 
 BACKENDS = ("local", "sky", "sky-jobs")
 SKY_BACKENDS = ("sky", "sky-jobs")
+PROFILE_STARTUP = "profile"
+"""The start-up record of the profiling run (``startups.json``): no backend's, so it
+never prices a launch, but it bounds how long an attempt's start-up may be silent."""
 SPOT_CANDIDATES = 40
 """Ranked spot plans considered after a preemption (one per offer is kept)."""
 CLOUD_WAIT_S = 60.0
@@ -349,6 +352,10 @@ def _run_launch(
         job_env[proto.ENV_S3_ENDPOINT_URL] = endpoint  # an address, not a secret
 
     profiled = _profile_for(options, ui, backend, store, job_env, uri)
+    if profiled.startup_s is not None:
+        # what this job's start takes here: a silent attempt's start-up is hung only
+        # after several times it (Controller.startups_s)
+        record_startup(run_dir, PROFILE_STARTUP, profiled.startup_s)
     ui.show_profile(profiled)
     if profiled.ended_at_step is not None:
         # No cluster would have anything to train: a launch would only bill its start-up.
@@ -448,6 +455,7 @@ def _run_launch(
                 startups_h=[s / 3600.0 for s in measured_startups],
             ),
             on_startup=lambda seconds: record_startup(run_dir, options.backend, seconds),
+            startups_s=[s for _, s in read_startups(run_dir)],
             wait_s=wait_s,
             on_wait=lambda why, s: ui.info(f"waiting {s:.0f} s for spot ({why})"),
             expectation_for=lambda p: _expectation(

@@ -287,6 +287,16 @@ class LocalBackend:
             logs.append(log)
         return LocalJob(topology, processes, logs, state_dir, time.monotonic())
 
+    def output_bytes(self, handle: object) -> int:
+        """Bytes the job's processes have written to their node logs so far."""
+        total = 0
+        for log in _as_job(handle).logs:
+            try:
+                total += log.stat().st_size
+            except OSError:
+                continue
+        return total
+
     def status(self, handle: object) -> JobState:
         job = _as_job(handle)
         codes = [p.poll() for p in job.processes]

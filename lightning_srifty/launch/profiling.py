@@ -40,6 +40,9 @@ class ProfileRun:
     (``EarlyStopping``, ``max_epochs``): the job is done at that step."""
     ended_why: str = ""
     """The script's rule that ended it, in words."""
+    startup_s: float | None = None
+    """Seconds from its start to its first progress line: how long this job's start-up
+    (imports, ``prepare_data``, the loaders' first batches) takes here."""
 
 
 POLL_S = 0.5
@@ -51,20 +54,35 @@ def _wait_watching(
     script: str,
     timeout_s: float | None,
     stall_timeout_s: float | None,
-) -> int:
-    """Waits for the profiling run's exit code; raises when it runs past ``timeout_s``
-    or its progress file stops growing for ``stall_timeout_s`` after its first line."""
+) -> tuple[int, float | None]:
+    """Waits for the profiling run's exit code and the seconds to its first progress
+    line; raises when it runs past ``timeout_s`` or its progress file stops growing for
+    ``stall_timeout_s`` after its first line. A start-up silent that long is told once
+    (it runs here, in the user's sight: not stopped)."""
     started = heard_at = time.monotonic()
     size = 0
+    first_line_s: float | None = None
+    told = False
     while True:
         try:
-            return process.wait(timeout=POLL_S)
+            return process.wait(timeout=POLL_S), first_line_s
         except subprocess.TimeoutExpired:
             pass
         now = time.monotonic()
         if timeout_s is not None and now - started > timeout_s:
             raise LaunchError(f"{script} did not finish profiling within {timeout_s:.0f} s")
         grown = progress.stat().st_size if progress.exists() else 0
+        if grown and first_line_s is None:
+            first_line_s = now - started
+        if not grown and not told and stall_timeout_s is not None:
+            if now - started > stall_timeout_s:
+                told = True
+                print(
+                    f"srifty: {script} has run {now - started:.0f} s and not reached its first "
+                    "training step (its imports, prepare_data, setup or its loaders' first "
+                    "batches); still waiting. Ctrl-C stops it and shows where it was",
+                    file=sys.stderr,
+                )
         if grown != size:
             size, heard_at = grown, now
         elif size and stall_timeout_s is not None and now - heard_at > stall_timeout_s:
@@ -127,7 +145,7 @@ def run_profile(
         stdin=subprocess.DEVNULL,
     )
     try:
-        code = _wait_watching(
+        code, startup_s = _wait_watching(
             process, Path(env[proto.ENV_PROGRESS_PATH]), script, timeout_s, stall_timeout_s
         )
     finally:
@@ -155,4 +173,6 @@ def run_profile(
     ended = state_dir / proto.TRAINING_ENDED_MARKER
     step, _, why = ended.read_text().partition("\n") if ended.exists() else ("", "", "")
     ended_at = int(step) if step.strip().isdigit() else None
-    return ProfileRun(load_profile(profile_path), profile_path, code, ended_at, why.strip())
+    return ProfileRun(
+        load_profile(profile_path), profile_path, code, ended_at, why.strip(), startup_s
+    )

@@ -228,6 +228,24 @@ def hangs_again_without_progress(o: Outcome) -> None:
     _assert_all_down(o)
 
 
+def start_up_hangs_then_relaunched(o: Outcome) -> None:
+    """The job went RUNNING and printed nothing, ever (hung before its first progress
+    line): after the stall timeout of silence its cluster was taken down and the same
+    plan ran again, from the start; nothing bills for the hung one."""
+    summary = _completed(o)
+    (move,) = summary.migrations
+    assert move.reason.startswith("hung (no output for "), move.reason
+    assert move.from_plan == move.to_plan
+    assert summary.attempts[0].hung and not summary.attempts[0].events
+    first = o.fake.clusters[_launched(o)[0]]
+    assert first.downed_at is not None
+    silent = first.downed_at - first.run_at
+    assert o.controller.stall_timeout_s is not None
+    assert o.controller.stall_timeout_s <= silent <= o.controller.stall_timeout_s + 60.0
+    assert o.decider.history[plan_key(HOME)].interruptions == 0
+    _assert_all_down(o)
+
+
 def notice_then_stopped(o: Outcome) -> None:
     notice_then_terminated(o)
 
@@ -449,6 +467,11 @@ SCENARIOS: dict[str, tuple[list[ClusterScript], dict[str, Any], Callable[[Outcom
         [ClusterScript(hang_after_s=200, checkpoint_every_s=100), ClusterScript()],
         {},
         hangs_then_relaunched,
+    ),
+    "start-up-hangs-then-relaunched": (
+        [ClusterScript(hangs_at_start=True), ClusterScript()],
+        {},
+        start_up_hangs_then_relaunched,
     ),
     "job-hangs-every-time": (
         [ClusterScript(hang_after_s=200, checkpoint_every_s=1e9)] * 3,

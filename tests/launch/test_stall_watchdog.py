@@ -64,6 +64,44 @@ def test_a_hung_job_is_relaunched_from_its_checkpoint_and_a_long_validation_is_n
     assert f"no progress line for 2 s after step {last_reported}: taken as a hang" in out
 
 
+def test_a_start_up_that_hangs_before_its_first_progress_line_is_relaunched(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first training attempt hangs in the module's ``setup``, before it writes any
+    progress line: it is stopped once it has written nothing for three times the longest
+    start-up the job measured (its profiling run's) and relaunched on the same plan,
+    where it trains to its target. Before, only a job that had reported progress was
+    watched, and this one would have been waited on for ever (on a cloud, billing)."""
+    marker = in_tmp / "hung-at-setup"
+    monkeypatch.setenv("HANG_AT_SETUP_MARKER", str(marker))
+    code = launch_cmd.main(
+        [VALIDATED, "--target-steps", "120", "--cluster", "g4dn.xlarge:1", "--no-refine",
+         "--stall-timeout", "3s", *BASE]
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert code == 0, err[-3000:] + "\n" + attempt_logs(in_tmp)
+    assert marker.exists()  # it did hang
+    run = only_run(in_tmp)
+    startups = json.loads((run / "startups.json").read_text())["startups"]
+    profiled = [s["seconds"] for s in startups if s["backend"] == "profile"]
+    assert len(profiled) == 1 and profiled[0] > 0
+    moves = [json.loads(line) for line in (run / "migrations.jsonl").read_text().splitlines()]
+    assert len(moves) == 1, moves
+    (move,) = moves
+    said = re.match(
+        r"hung \(no output for (\d+) s before its first progress line\)", move["reason"]
+    )
+    assert said, move
+    # silent for at least 3x the profiling run's start-up (and the 3 s timeout)
+    assert int(said.group(1)) >= max(3.0, 3 * profiled[0]) - 1
+    assert move["from_plan"] == move["to_plan"]
+    hung = run / "progress-1.jsonl"
+    assert not hung.exists() or not events(run, hung.name)  # it wrote no progress line
+    relaunched = events(run, "progress-2.jsonl")
+    assert relaunched[-1].event == "done" and relaunched[-1].step == 120
+    assert "its start-up is taken as hung and relaunched at" in out
+
+
 def test_a_profiling_run_that_hangs_is_stopped_in_one_line(
     in_tmp: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,9 @@
 pricing on any machine), ``TRAIN_SLEEP_S=<s>`` every training batch.
 ``HANG_AT_STEP=<n>`` with ``HANG_MARKER=<path>``: the first process to reach optimizer
 step n hangs there for good (a deadlock), once: it leaves the marker file behind.
+``HANG_AT_SETUP_MARKER=<path>``: the first training attempt (not the profiling run)
+hangs for good in ``setup``, before its first progress line, once (a DataLoader worker
+stuck in its fork at the start looks the same: nothing written, ever).
 ``benchmarks/bench_validation_pricing.py`` sizes it with the flags below
 (``--val-samples 0`` turns validation off). ``--early-stop-patience P`` adds Lightning's
 ``EarlyStopping`` on ``val_loss`` with a ``min_delta`` no pass meets: training stops
@@ -38,6 +41,14 @@ class Regressor(L.LightningModule):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width),
                                  nn.ReLU(), nn.Linear(width, 1))  # fmt: skip
+
+    def setup(self, stage: str) -> None:
+        marker = os.environ.get("HANG_AT_SETUP_MARKER", "")
+        training = os.environ.get("SRIFTY_MODE") == "train"
+        if marker and training and not os.path.exists(marker):
+            open(marker, "w").close()
+            while True:
+                time.sleep(3600)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         time.sleep(float(os.environ.get("TRAIN_SLEEP_S", "0")))

@@ -102,6 +102,30 @@ def test_a_start_up_that_hangs_before_its_first_progress_line_is_relaunched(
     assert "its start-up is taken as hung and relaunched at" in out
 
 
+def test_a_slow_silent_start_up_is_told_and_not_taken_for_a_hang(
+    in_tmp: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every run's ``setup`` is silent for 5 s, beyond the 2 s stall timeout: the
+    profiling run is told once that it has not reached its first step and goes on; the
+    training attempt, silent as long, is within three times the profiled start-up and
+    is not stopped."""
+    monkeypatch.setenv("SETUP_SLEEP_S", "5")
+    code = launch_cmd.main(
+        [VALIDATED, "--target-steps", "100", "--cluster", "g4dn.xlarge:1", "--no-refine",
+         "--stall-timeout", "2s", *BASE]
+    )  # fmt: skip
+    out, err = capfd.readouterr()
+    assert code == 0, err[-3000:] + "\n" + attempt_logs(in_tmp)
+    assert err.count("and not reached its first training step") == 1, err[-2000:]
+    run = only_run(in_tmp)
+    assert (
+        not (run / "migrations.jsonl").exists()
+        or not (run / "migrations.jsonl").read_text().strip()
+    )
+    assert events(run, "progress-1.jsonl")[-1].event == "done"
+    assert "taken as hung" not in out
+
+
 def test_a_profiling_run_that_hangs_is_stopped_in_one_line(
     in_tmp: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ step n hangs there for good (a deadlock), once: it leaves the marker file behind
 ``HANG_AT_SETUP_MARKER=<path>``: the first training attempt (not the profiling run)
 hangs for good in ``setup``, before its first progress line, once (a DataLoader worker
 stuck in its fork at the start looks the same: nothing written, ever).
+``SETUP_SLEEP_S=<s>``: every run's ``setup`` is silent that long (a dataset loading).
 ``benchmarks/bench_validation_pricing.py`` sizes it with the flags below
 (``--val-samples 0`` turns validation off). ``--early-stop-patience P`` adds Lightning's
 ``EarlyStopping`` on ``val_loss`` with a ``min_delta`` no pass meets: training stops
@@ -43,6 +44,7 @@ class Regressor(L.LightningModule):
                                  nn.ReLU(), nn.Linear(width, 1))  # fmt: skip
 
     def setup(self, stage: str) -> None:
+        time.sleep(float(os.environ.get("SETUP_SLEEP_S", "0")))
         marker = os.environ.get("HANG_AT_SETUP_MARKER", "")
         training = os.environ.get("SRIFTY_MODE") == "train"
         if marker and training and not os.path.exists(marker):

@@ -18,6 +18,7 @@ import pytest
 from lightning_srifty.cli import launch_cmd
 from lightning_srifty.io.checkpoint_store import open_store
 from lightning_srifty.io.profile_io import load_profile
+from lightning_srifty.launch.launcher import PROFILE_STARTUP
 from lightning_srifty.launch.runs import read_startups, record_startup
 from tests.launch.e2e import events, only_run
 
@@ -156,8 +157,11 @@ def test_dry_run_then_resume_trains_without_profiling_again(
         "backend: 2, mean 5 s" in out
     )
     kept = read_startups(run)
-    assert kept[:3] == (("local", 4.0), ("sky", 400.0), ("local", 6.0))
-    (ran,) = kept[3:]  # the resumed attempt's own, from its launch call to its first step
+    # the dry run's profiling start-up first: it bounds a silent start, prices no move
+    (profiling, *earlier, ran) = kept
+    assert profiling[0] == PROFILE_STARTUP and profiling[1] > 0
+    assert tuple(earlier) == (("local", 4.0), ("sky", 400.0), ("local", 6.0))
+    # the resumed attempt's own, from its launch call to its first step
     assert ran[0] == "local" and ran[1] > 0
     # The plan prices what the resumed run trains: the 25 steps left, not all 50.
     assert "the plans price the 25 steps left of its 50" in out

@@ -79,8 +79,11 @@ class LoaderMeter:
         self._batches = 0
 
     def start(self, trainer: Any) -> None:
+        """Called at the window's first batch, before its :meth:`observe`, which reads
+        the workers."""
+        del trainer  # read by observe, once the set has started (see there)
         self._closed, self._batches = [], 0
-        self._open = self._segment(trainer)
+        self._open = None
 
     def _segment(self, trainer: Any) -> _Segment | None:
         pids = train_loader_worker_pids(trainer)
@@ -88,13 +91,21 @@ class LoaderMeter:
         return _Segment(read, self._batches) if read else None
 
     def observe(self, trainer: Any, batch_idx: int) -> None:
-        """Called at each batch's start inside the window."""
+        """Called at each batch's start inside the window.
+
+        A new set of workers is first read only once each of them has delivered a
+        batch (they take batches in turn: by the epoch's batch ``workers - 1``; Lightning
+        fetches no batch ahead from a loader with a length): before that a worker may
+        still be starting (a forkserver child unpickles the dataset, importing its
+        modules), CPU that is not a batch's.
+        """
         pids = set(train_loader_worker_pids(trainer))
         current = self._open
         if current is None or pids != set(current.start):
             if current is not None and current.end is not None:
                 self._closed.append(current)
-            self._open = self._segment(trainer) if pids else None
+            started = bool(pids) and batch_idx >= len(pids) - 1
+            self._open = self._segment(trainer) if started else None
         else:
             last = getattr(trainer, "num_training_batches", None)
             if isinstance(last, int) and batch_idx == last - 2:

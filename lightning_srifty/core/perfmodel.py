@@ -91,6 +91,12 @@ KERNEL_LAUNCH_S = 5e-6
 """Least time a GPU step spends per kernel it launches: PyTorch's eager launches cost
 5-20 us each on the CPU side (HolisticTraceAnalysis docs, "CUDA kernel launch stats"),
 so a step of many tiny layers cannot run faster than its launches however fast the GPU."""
+EAGER_OP_S = 10e-6
+"""CPU cost of one eager PyTorch operation issued from Python (its binding, the
+dispatcher, the kernel launch): 5-20 us (HolisticTraceAnalysis docs, "CUDA kernel
+launch stats", the range of :data:`KERNEL_LAUNCH_S`), taken at its log-middle. Prices
+work a job issues as many small operations, such as one per parameter tensor
+(:func:`single_process_s`)."""
 CROSS_GPU_SPREAD = 0.27
 """Log-normal spread (sigma) of device time carried to another GPU type by the compute
 ratio. From the ratio's leave-pair-out error on Lambda's public benchmark
@@ -646,6 +652,9 @@ class PerformanceModel:
         group_compute = np.where(
             present, slowdown * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
         )
+        group_compute = group_compute + self._single_process_s(
+            profile, accelerators, (world == 1)[:, None] & present
+        )
         # a validation pass runs at the compute's pace, not the training loader's
         pass_pace = _row_max(group_compute)
         # a step cannot outpace the loader's workers making its batches
@@ -866,6 +875,24 @@ class PerformanceModel:
             measured[same], p10[same], p90[same] = p.step_s, p.low_s, p.high_s
         return hit, measured, p10, p90
 
+    def _single_process_s(
+        self,
+        profile: Profile,
+        accelerators: list[tuple[str, np.ndarray]],
+        alone: np.ndarray,
+    ) -> np.ndarray:
+        """Per group, the seconds of work the job does only as one process, on the
+        group's GPU (:func:`single_process_s`), where it runs alone; 0 elsewhere."""
+        ops, nbytes = profile.single_process_work
+        out = np.zeros(alone.shape)
+        if not (ops or nbytes) or not alone.any():
+            return out
+        for name, mask in accelerators:
+            spec = self.gpu_specs.get(name)
+            rate = spec.mem_bw_gbps * 1e9 if spec is not None else math.inf
+            out[mask & alone] = float(single_process_s(ops, nbytes, rate))
+        return out
+
     @staticmethod
     def _loader_floor_s(
         profile: Profile, cand: CandidateArrays, b_int: np.ndarray, compute_s: np.ndarray
@@ -1060,6 +1087,17 @@ class PerformanceModel:
             validation_s=float(out["validation"][0]),
             loader_bound=bool(out["loader_bound"][0]),
         )
+
+
+def single_process_s(ops: float, nbytes: float, memory_bytes_s: np.ndarray | float) -> np.ndarray:
+    """Seconds a step spends on work the job does only when it runs as one process
+    (:attr:`~lightning_srifty.core.profile.Profile.single_process_work`): ``ops`` small
+    operations issued from Python (:data:`EAGER_OP_S` each on the host) that move
+    ``nbytes`` through the GPU's memory (at ``memory_bytes_s``, its datasheet rate). The
+    host issues them while the GPU runs them, so the slower of the two sets the time;
+    an unknown rate (``inf``) leaves the host's part."""
+    rate = np.maximum(np.asarray(memory_bytes_s, dtype=np.float64), _LOG_FLOOR)
+    return np.asarray(np.maximum(ops * EAGER_OP_S, nbytes / rate), dtype=np.float64)
 
 
 def training_thread_s(profile: Profile, compute_s: np.ndarray | float) -> np.ndarray:

@@ -470,6 +470,23 @@ class Profile:
         synced = self.extra.get("synced_logs")
         return int(synced["per_step"]) if isinstance(synced, dict) else 0
 
+    @property
+    def single_process_work(self) -> tuple[int, float]:
+        """``(operations, bytes)`` of work the job does each step only when it runs as
+        one process (``extra.single_process``; ``(0, 0.0)``: none).
+
+        A measurement of one process includes it and a multi-process run does not, so
+        the model adds it back only where a plan runs one process
+        (:func:`~lightning_srifty.core.perfmodel.single_process_s`). The trace sets'
+        harness does such work: AdaptDL's gradient-noise statistics, with one replica,
+        keep the previous step's gradients and take two more norms
+        (:mod:`lightning_srifty.io.traces`).
+        """
+        alone = self.extra.get("single_process")
+        if not isinstance(alone, dict):
+            return 0, 0.0
+        return int(alone["ops"]), float(alone["bytes"])
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict; ``from_dict(to_dict(p)) == p``."""
         out = asdict(self)
@@ -498,6 +515,12 @@ class Profile:
         )
         if synced is not None:
             synced.int("per_step", minimum=0)
+        alone = Reader(extra, source=source, path="extra", error=ProfileError).child(
+            "single_process", None
+        )
+        if alone is not None:
+            alone.int("ops", minimum=0)
+            alone.float("bytes", minimum=0.0)
         profile = Profile(
             kind=kind,
             environment=Environment.from_reader(env),

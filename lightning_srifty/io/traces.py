@@ -14,17 +14,28 @@ GPU ``sync_time`` is a constant ~1 ms hook cost, and across all models
 measure. Gradient-accumulation steps are profiled separately by AdaptDL and are not
 in these files.
 
-The single-GPU rows (placement ``1``) of a model are exactly what a one-GPU profile
-gives; :func:`coarse_profile` turns them into a :class:`Profile`.
+The single-GPU rows (placement ``1``) of a model are what a one-GPU profile gives,
+less one thing AdaptDL does only with one replica: its gradient-noise statistics
+(``GradientNoiseScale._final_callback``, petuum/adaptdl ``adaptdl/torch/
+gradient_noise_scale.py``) need two gradient samples per step, so with one replica
+they keep the previous step's gradients and compare them with the current ones (the
+"difference estimation": a clone, an average and two more preconditioned norms, for
+every parameter tensor), where several replicas read the samples off the all-reduce.
+:func:`coarse_profile` turns the rows into a :class:`Profile` of the job without that
+work and records it (``extra.single_process``), so a one-process prediction adds it
+back and a multi-process one does not.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
+import json
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +44,7 @@ from lightning_srifty.core.catalog import GpuSpec, Offer
 from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import TraceError
 from lightning_srifty.core.links import NodeLinks, fabric_links, intra_rate
+from lightning_srifty.core.perfmodel import single_process_s
 from lightning_srifty.core.profile import (
     BatchPoint,
     Environment,
@@ -41,6 +53,7 @@ from lightning_srifty.core.profile import (
     Spread,
     StepTimes,
 )
+from lightning_srifty.core.validate import Reader, check_version
 from lightning_srifty.io.jsonfile import read_json
 
 PLACEMENT_COLUMNS = ("placement", "local_bsz", "step_time", "sync_time")
@@ -48,6 +61,21 @@ SCALABILITY_COLUMNS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "s
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}
 _Z90 = 1.2816
 """Standard-normal 90th percentile (the profile's p90 from a relative spread)."""
+TRACE_MODELS = "trace_models.json"
+"""The parameter tensors of the traces' jobs (a table shipped in the package)."""
+TRACE_MODELS_SCHEMA_VERSION = 1
+SINGLE_REPLICA_OPS_PER_TENSOR = 11
+"""Operations AdaptDL issues per parameter tensor with one replica only (master's
+``_final_callback``): two more preconditioned norms of the previous and the averaged
+gradients (``(g / pinv).pow(2).sum()`` and the Python sum: 4 each), the average
+(``(g1 + g2) / 2``: 2) and the clone kept for the next step (1). The Pollux artifact's
+older copy (branch osdi21-artifact, ``adascale.py``) divides by a preconditioner only
+for Adam, so its SGD jobs issue 9: under 2 % of their one-GPU steps apart."""
+SINGLE_REPLICA_BYTES_PER_PARAM = 76.0
+"""Bytes those operations move per fp32 parameter: each norm reads the gradient and the
+preconditioner and writes the quotient (12), squares it (8) and reads the square (4);
+the average reads two gradients and writes one (12), then halves it (8); the clone
+reads and writes one (8)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +96,8 @@ class Hardware:
     """``intra_node_note``: the GPU link in words (NVSwitch, PCIe)."""
     links: NodeLinks | None = None
     """Absolute link figures derived from the facts above and the GPU's spec row."""
+    memory_bytes_s: float = math.inf
+    """The GPU's memory bandwidth from its spec row (``inf``: no row)."""
 
     def describe(self) -> str:
         return (
@@ -137,10 +167,23 @@ class ModelInfo:
     params: int
     grad_dtype: str
     precision: str
+    parameter_tensors: int | None = None
+    """How many parameter tensors the model has (:data:`TRACE_MODELS`; ``None``: not
+    known, and AdaptDL's single-replica work is then left in the one-GPU rows)."""
 
     @property
     def grad_bytes(self) -> int:
         return self.params * DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def single_replica_work(self) -> tuple[int, float]:
+        """``(operations, bytes)`` of AdaptDL's one-replica statistics per step."""
+        if self.parameter_tensors is None:
+            return 0, 0.0
+        return (
+            SINGLE_REPLICA_OPS_PER_TENSOR * self.parameter_tensors,
+            SINGLE_REPLICA_BYTES_PER_PARAM * self.params,
+        )
 
 
 @dataclass(frozen=True)
@@ -235,7 +278,26 @@ def _read_models(root: Path) -> dict[str, ModelInfo]:
             )  # fmt: skip
         note = " ".join(str(entry.get(k, "")) for k in ("note", "network")).lower()
         precision = "16-mixed" if "mixed precision" in note else "32-true"
-        out[name] = ModelInfo(name, params, dtype, precision)
+        known = trace_model_tensors().get(name)
+        tensors = known[1] if known is not None and known[0] == params else None
+        out[name] = ModelInfo(name, params, dtype, precision, tensors)
+    return out
+
+
+@functools.cache
+def trace_model_tensors() -> dict[str, tuple[int, int]]:
+    """``{job: (params, parameter tensors)}`` of the shipped :data:`TRACE_MODELS` table."""
+    ref = resources.files("lightning_srifty") / "data" / TRACE_MODELS
+    source = f"lightning_srifty/data/{TRACE_MODELS}"
+    r = Reader(json.loads(ref.read_text(encoding="utf-8")), source=source, error=TraceError)
+    check_version(r, TRACE_MODELS_SCHEMA_VERSION, kind="trace model table")
+    models = r.child("models")
+    assert models is not None
+    out = {}
+    for name in models.data:
+        entry = models.child(name)
+        assert entry is not None
+        out[name] = (entry.int("params", minimum=1), entry.int("parameter_tensors", minimum=1))
     return out
 
 
@@ -338,7 +400,12 @@ def load_traces(
         from lightning_srifty.io.catalog_io import load_gpu_specs
 
         gpu_specs = load_gpu_specs()
-    hardware = replace(hardware, links=hardware.node_links(gpu_specs.get(hardware.gpu)))
+    spec = gpu_specs.get(hardware.gpu)
+    hardware = replace(
+        hardware,
+        links=hardware.node_links(spec),
+        memory_bytes_s=spec.mem_bw_gbps * 1e9 if spec is not None else math.inf,
+    )
     infos = _read_models(base)
     names = list(models) if models is not None else sorted(
         p.name for p in base.iterdir() if (p / "placements.csv").is_file()
@@ -373,7 +440,12 @@ def coarse_profile(
     """A coarse profile built only from a model's single-GPU rows.
 
     Compute per point is ``step_time - sync_time`` (the one-GPU hook cost is not
-    compute). The profiled local batch is the median measured batch. Memory is
+    compute), less AdaptDL's one-replica statistics where the model's parameter
+    tensors are known (:attr:`ModelInfo.single_replica_work`, priced on this GPU by
+    :func:`~lightning_srifty.core.perfmodel.single_process_s`): the job as it runs on
+    several processes, with that work recorded in ``extra.single_process`` for the
+    one-process predictions that include it. The profiled local batch is the median
+    measured batch. Memory is
     parameters, gradients and (unknown, so zero) optimizer state: the traces ran, so
     they fit; the planner still checks this bound.
 
@@ -391,11 +463,13 @@ def coarse_profile(
     by_batch: dict[int, list[Measurement]] = {}
     for m in single_gpu:
         by_batch.setdefault(m.local_bsz, []).append(m)
+    ops, nbytes = info.single_replica_work
+    alone = float(single_process_s(ops, nbytes, hardware.memory_bytes_s)) if ops else 0.0
     points = tuple(
         BatchPoint(
             local_batch_size=b,
-            step_s=sum(m.step_time for m in ms) / len(ms),
-            compute_s=sum(m.step_time - m.sync_time for m in ms) / len(ms),
+            step_s=_less(sum(m.step_time for m in ms) / len(ms), alone),
+            compute_s=_less(sum(m.step_time - m.sync_time for m in ms) / len(ms), alone),
         )
         for b, ms in sorted(by_batch.items())
     )
@@ -445,7 +519,18 @@ def coarse_profile(
         ),
         batch_points=points,
         model_name=info.name,
+        extra={"single_process": {"ops": ops, "bytes": nbytes}} if ops else {},
     )
+
+
+SINGLE_REPLICA_MAX_SHARE = 0.5
+"""Most of a measured step that AdaptDL's one-replica work is taken to be: beyond it
+the parameter count or the GPU's rate is not what ran, and half the step is kept."""
+
+
+def _less(measured_s: float, single_replica_s: float) -> float:
+    """A one-GPU row's time without AdaptDL's one-replica work."""
+    return measured_s - min(single_replica_s, SINGLE_REPLICA_MAX_SHARE * measured_s)
 
 
 def step_roughness(points: Sequence[BatchPoint]) -> float:

@@ -22,10 +22,12 @@ from lightning_srifty.core.cluster import Cluster, ClusterGroup
 from lightning_srifty.core.errors import PredictionError
 from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.perfmodel import (
+    EAGER_OP_S,
     PerformanceModel,
     expected_max_z,
     fit_compute_curve,
     loader_floor_s,
+    single_process_s,
 )
 from lightning_srifty.core.profile import (
     BatchPoint,
@@ -531,6 +533,25 @@ def test_host_time_does_not_speed_up_on_a_faster_gpu() -> None:
     t4 = model.predict(prof, one_group(1, 1, offer("T4", 1))).step_s
     assert t4 == pytest.approx(0.14)  # on the profiled GPU nothing changes
     assert model.host_share(PROFILE) == 0.0  # a coarse profile has no split
+
+
+def test_work_a_job_does_only_as_one_process_is_added_to_one_process_alone() -> None:
+    """1,000 operations moving 4 GB each step, only when the job runs alone (the traces'
+    AdaptDL statistics): 10 ms of host on any GPU, 12.5 ms of the T4's 320 GB/s and
+    4.4 ms of the V100's 900 GB/s; a step of two processes does none of it."""
+    alone = {"single_process": {"ops": 1000, "bytes": 4e9}}
+    prof = dataclasses.replace(PROFILE, extra=alone)
+    assert prof.single_process_work == (1000, 4e9)
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    for acc, extra_s in (("T4", 4e9 / 320e9), ("V100", 1000 * EAGER_OP_S)):
+        cluster = one_group(1, 1, offer(acc, 1))
+        without = model.predict(PROFILE, cluster).step_s
+        assert model.predict(prof, cluster).step_s == pytest.approx(without + extra_s)
+    for cluster in (one_group(1, 2), one_group(2, 1)):
+        assert model.predict(prof, cluster).step_s == pytest.approx(
+            model.predict(PROFILE, cluster).step_s
+        )
+    assert single_process_s(1000, 4e9, math.inf) == pytest.approx(1000 * EAGER_OP_S)
 
 
 def test_a_faster_gpu_waits_for_the_loaders_workers_that_a_slower_one_never_waited_for() -> None:

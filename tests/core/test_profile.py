@@ -155,3 +155,16 @@ def test_a_bad_math_mode_names_the_field(field: str, value: str) -> None:
     d["environment"][field] = value
     with pytest.raises(ProfileError, match=field):
         Profile.from_dict(d, source="p.json")
+
+
+def test_work_done_only_as_one_process_round_trips_and_a_bad_one_names_its_field() -> None:
+    d = coarse_profile().to_dict()
+    d["extra"] = {"single_process": {"ops": 2189, "bytes": 8.3e9}}
+    assert Profile.from_dict(d).single_process_work == (2189, 8.3e9)
+    assert coarse_profile().single_process_work == (0, 0.0)  # none recorded
+    d["extra"]["single_process"]["ops"] = -1
+    with pytest.raises(ProfileError, match=r"extra\.single_process\.ops"):
+        Profile.from_dict(d, source="p.json")
+    d["extra"]["single_process"] = {"ops": 1}
+    with pytest.raises(ProfileError, match=r"extra\.single_process\.bytes"):
+        Profile.from_dict(d, source="p.json")

@@ -37,15 +37,16 @@ def _validate(capsys: pytest.CaptureFixture[str], *args: str) -> dict:  # type: 
     return json.loads(capsys.readouterr().out)["overall"]  # type: ignore[no-any-return]
 
 
-# measured: pollux 9.6 / 26.0, dgx-ext 10.9 / 28.1, quad 7.4 / 18.3 (median / p90 %),
-# with a job's co-location on a host it was not measured on the hardware's (before:
-# 9.5 / 25.9, 11.0 / 26.8, 8.1 / 18.3; before the calibration reproduced: 7.2 / 22.6,
-# 10.7 / 28.4, 9.1 / 19.8, the pollux figure from a fit of dgx-ext and quad that
-# stopped at a 57 % higher cost)
+# measured: pollux 8.5 / 25.3, dgx-ext 6.1 / 27.1, quad 8.5 / 21.0 (median / p90 %),
+# with AdaptDL's one-replica statistics out of multi-GPU predictions (before: 9.6 / 26.0,
+# 10.9 / 28.1, 7.4 / 18.3; before a job's co-location on a host it was not measured on
+# became the hardware's: 9.5 / 25.9, 11.0 / 26.8, 8.1 / 18.3; before the calibration
+# reproduced: 7.2 / 22.6, 10.7 / 28.4, 9.1 / 19.8, the pollux figure from a fit of
+# dgx-ext and quad that stopped at a 57 % higher cost). quad's guard is issue 17's hold.
 UNSEEN = {
-    "pollux-traces": (0.10, 0.27),
-    "sia-traces/dgx-ext": (0.115, 0.29),
-    "sia-traces/quad": (0.08, 0.20),
+    "pollux-traces": (0.09, 0.27),
+    "sia-traces/dgx-ext": (0.07, 0.29),
+    "sia-traces/quad": (0.091, 0.22),
 }
 
 
@@ -69,8 +70,8 @@ def test_unseen_hardware_on_every_shared_set(
 def test_leave_one_model_out_on_pollux(
     shared_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # measured 8.8 / 23.4 (8.3 / 22.5 before the calibration reproduced; the model before
-    # physical links: 9.0 / 23.0)
+    # measured 8.5 / 22.6 (8.8 / 23.4 before AdaptDL's one-replica statistics were taken
+    # out; 8.3 / 22.5 before the calibration reproduced; before physical links 9.0 / 23.0)
     overall = _validate(
         capsys, "--traces", str(shared_data / "pollux-traces"), "--protocol", "lomo"
     )
@@ -79,7 +80,7 @@ def test_leave_one_model_out_on_pollux(
 
 
 def test_scale_out_on_pollux(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # measured 7.4 / 21.0
+    # measured 7.7 / 21.9 (7.4 / 21.0 before AdaptDL's one-replica statistics were out)
     overall = _validate(
         capsys, "--traces", str(shared_data / "pollux-traces"), "--protocol", "scale-out"
     )
@@ -203,7 +204,9 @@ def test_probes_of_unseen_hardware_sharpen_its_predictions(
     """Pollux predicted with the calibration refitted without its hardware, then with
     the rows a probe measures (<= 2 nodes x <= 2 GPUs) revealed: the probe must help.
 
-    measured (median / p90 %): unseen-hardware 9.6 / 26.0, probed 6.8 / 19.7.
+    measured (median / p90 %): unseen-hardware 8.5 / 25.3, probed 8.2 / 19.1 (before
+    AdaptDL's one-replica statistics came out of the one-GPU rows: 9.6 / 26.0 and
+    6.8 / 19.7; the probe's median is worse, its p90 better).
     """
     folder = shared_data / "pollux-traces"
     common = ("--traces", str(folder), "--data-root", str(shared_data), "--no-learned")
@@ -222,4 +225,4 @@ def test_probes_of_unseen_hardware_sharpen_its_predictions(
     )
     assert probed["overall"]["rows"] == hidden < unseen["rows"]
     assert probed["overall"]["median_ape"] < unseen["median_ape"]
-    assert probed["overall"]["median_ape"] <= 0.08 and probed["overall"]["p90_ape"] <= 0.22
+    assert probed["overall"]["median_ape"] <= 0.085 and probed["overall"]["p90_ape"] <= 0.21

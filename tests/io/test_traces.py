@@ -162,7 +162,54 @@ def test_coarse_profile_uses_only_single_gpu_rows(shared_data: Path) -> None:
     assert profile.grad_bytes == 108_893_186 * 4
     assert [p.local_batch_size for p in profile.batch_points] == [4, 6, 8, 11, 12]
     first = next(r for r in single if r.local_bsz == 4)
-    assert profile.batch_points[0].compute_s == pytest.approx(first.step_time - first.sync_time)
+    # less AdaptDL's one-replica statistics on the T4 (320 GB/s): 199 tensors x 11
+    # operations at 10 us, 108.9M parameters x 76 bytes; the memory is the slower
+    alone = max(199 * 11 * 10e-6, 76 * 108_893_186 / 320e9)
+    assert profile.single_process_work == (199 * 11, 76.0 * 108_893_186)
+    assert profile.batch_points[0].compute_s == pytest.approx(
+        first.step_time - first.sync_time - alone
+    )
+
+
+def test_a_one_gpu_row_is_predicted_back_with_adaptdls_one_replica_work(
+    shared_data: Path,
+) -> None:
+    """The profile leaves AdaptDL's one-replica statistics out of the job's compute and
+    the model adds them back to one process only: the one-GPU rows the profile came
+    from are predicted as measured, and two GPUs get none of it. A job the table does
+    not know (its parameters differ) keeps its rows as measured."""
+    from lightning_srifty.core.cluster import Cluster, ClusterGroup
+    from lightning_srifty.core.perfmodel import PerformanceModel
+    from lightning_srifty.io.catalog_io import load_gpu_specs
+
+    traces = load_traces(shared_data / "sia-traces" / "dgx-ext", models=["cifar10"])
+    info = traces.models["cifar10"]
+    assert info.parameter_tensors == 62
+    single = traces.single_gpu_rows("cifar10")
+    profile = coarse_profile(info, single, traces.hardware)
+    model = PerformanceModel(load_gpu_specs())
+    offer = traces.hardware.offer()
+    one = Cluster((ClusterGroup(offer, 1, 1),))
+    for point in profile.batch_points:
+        rows = [r for r in single if r.local_bsz == point.local_batch_size]
+        measured = sum(r.step_time - r.sync_time for r in rows) / len(rows)
+        predicted = model.predict(profile, one, local_batch=point.local_batch_size)
+        assert predicted.compute_s == pytest.approx(measured, rel=1e-9)
+    alone = 62 * 11 * 10e-6  # the host's part: the A100's memory moves 76 B/param in 0.5 ms
+    two = Cluster((ClusterGroup(offer, 1, 2),))
+    without = dataclasses.replace(profile, extra={})
+    assert model.predict(profile, two, local_batch=257).step_s == pytest.approx(
+        model.predict(without, two, local_batch=257).step_s
+    )
+    assert model.predict(profile, one, local_batch=257).step_s == pytest.approx(
+        model.predict(without, one, local_batch=257).step_s + alone
+    )
+    unknown = dataclasses.replace(info, params=info.params + 1, parameter_tensors=None)
+    kept = coarse_profile(unknown, single, traces.hardware)
+    assert kept.single_process_work == (0, 0.0)
+    assert kept.batch_points[0].compute_s == pytest.approx(
+        profile.batch_points[0].compute_s + alone
+    )
 
 
 def test_a_trace_profile_ran_tf32_as_its_pytorch_did(shared_data: Path) -> None:

@@ -827,34 +827,31 @@ class Controller:
                     heard, heard_at, warned = len(progress.events), now, False
                 elif heard and not injected and moved is None:  # told to stop: saving
                     last = progress.events[-1].step  # steps only grow within an attempt
-                    if silent > limit:
-                        hung = f"no progress line for {silent:.0f} s after step {last}"
+                    quiet = f"no progress line for {silent:.0f} s after step {last}"
+                    hung, warned = self._judge_silence(
+                        silent, limit, warned, quiet, "--stall-timeout"
+                    )
+                    if hung:
                         log.warning("the job hangs (%s): stopping it", hung)
                         break
-                    if silent > limit / 2 and not warned:
-                        warned = True
-                        (self.on_silence or log.warning)(
-                            f"no progress line for {silent:.0f} s after step {last}: taken "
-                            f"as a hang and relaunched at {limit:.0f} s (--stall-timeout)"
-                        )
                 elif not injected and moved is None:  # running, no progress line yet
                     written = self._output_of(handle, progress)
                     if written != output:  # any output is a sign of life
                         output, heard_at, warned = written, now, False
                     limit = self._startup_limit_s()
                     silent = now - heard_at
-                    if silent > limit:
-                        hung = f"no output for {silent:.0f} s before its first progress line"
+                    quiet = f"no output for {silent:.0f} s before its first progress line"
+                    hung, warned = self._judge_silence(
+                        silent,
+                        limit,
+                        warned,
+                        quiet,
+                        f"--stall-timeout, or {STARTUP_FACTOR:g}x the longest start-up this "
+                        "job measured",
+                    )
+                    if hung:
                         log.warning("the job's start-up hangs (%s): stopping it", hung)
                         break
-                    if silent > limit / 2 and not warned:
-                        warned = True
-                        (self.on_silence or log.warning)(
-                            f"no output for {silent:.0f} s before the job's first progress "
-                            f"line: its start-up is taken as hung and relaunched at "
-                            f"{limit:.0f} s (--stall-timeout, or {STARTUP_FACTOR:g}x the "
-                            "longest start-up this job measured)"
-                        )
                 if self.on_update:
                     self.on_update(
                         plan,
@@ -949,6 +946,21 @@ class Controller:
             startup_s=None if began_at is None else began_at - launched,
             hung=hung,
         )
+
+    def _judge_silence(
+        self, silent: float, limit: float, warned: bool, quiet: str, why_limit: str
+    ) -> tuple[str, bool]:
+        """``(hang, warned)`` for a job ``quiet`` (in words) for ``silent`` s against the
+        watchdog's ``limit``: ``hang`` is ``quiet`` past the limit, else empty; past half
+        of it the user is told once (``warned``) when it will be taken as a hang."""
+        if silent > limit:
+            return quiet, warned
+        if silent > limit / 2 and not warned:
+            (self.on_silence or log.warning)(
+                f"{quiet}: taken as a hang and relaunched at {limit:.0f} s ({why_limit})"
+            )
+            return "", True
+        return "", warned
 
     def _stall_limit_s(self, expect: Expectation) -> float:
         if self.stall_timeout_s is None:

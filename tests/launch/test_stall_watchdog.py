@@ -99,7 +99,7 @@ def test_a_start_up_that_hangs_before_its_first_progress_line_is_relaunched(
     assert not hung.exists() or not events(run, hung.name)  # it wrote no progress line
     relaunched = events(run, "progress-2.jsonl")
     assert relaunched[-1].event == "done" and relaunched[-1].step == 120
-    assert "its start-up is taken as hung and relaunched at" in out
+    assert "before its first progress line: taken as a hang and relaunched at" in out
 
 
 def test_a_slow_silent_start_up_is_told_and_not_taken_for_a_hang(
@@ -123,7 +123,7 @@ def test_a_slow_silent_start_up_is_told_and_not_taken_for_a_hang(
         or not (run / "migrations.jsonl").read_text().strip()
     )
     assert events(run, "progress-1.jsonl")[-1].event == "done"
-    assert "taken as hung" not in out
+    assert "before its first progress line: taken as a hang" not in out
 
 
 def test_a_profiling_run_that_hangs_is_stopped_in_one_line(

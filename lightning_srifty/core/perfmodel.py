@@ -652,9 +652,11 @@ class PerformanceModel:
         group_compute = np.where(
             present, slowdown * (host_fixed + (at_b - host_fixed) * host + device_part), 0.0
         )
-        group_compute = group_compute + self._single_process_s(
-            profile, accelerators, (world == 1)[:, None] & present
-        )
+        ops, nbytes = profile.single_process_work
+        if ops or nbytes:  # only trace profiles have such work: no mask on the hot path
+            group_compute = group_compute + self._single_process_s(
+                ops, nbytes, accelerators, (world == 1)[:, None] & present
+            )
         # a validation pass runs at the compute's pace, not the training loader's
         pass_pace = _row_max(group_compute)
         # a step cannot outpace the loader's workers making its batches
@@ -877,15 +879,16 @@ class PerformanceModel:
 
     def _single_process_s(
         self,
-        profile: Profile,
+        ops: int,
+        nbytes: float,
         accelerators: list[tuple[str, np.ndarray]],
         alone: np.ndarray,
     ) -> np.ndarray:
-        """Per group, the seconds of work the job does only as one process, on the
+        """Per group, the seconds of the ``ops`` operations moving ``nbytes`` that the
+        job does only as one process (:attr:`Profile.single_process_work`), on the
         group's GPU (:func:`single_process_s`), where it runs alone; 0 elsewhere."""
-        ops, nbytes = profile.single_process_work
         out = np.zeros(alone.shape)
-        if not (ops or nbytes) or not alone.any():
+        if not alone.any():
             return out
         for name, mask in accelerators:
             spec = self.gpu_specs.get(name)

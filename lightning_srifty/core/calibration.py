@@ -139,7 +139,9 @@ class PhysicsConstants:
     """Fixed per-step cost of synchronous data parallelism (DDP's reducer preparing and
     finalising the step), paid by every multi-GPU step."""
     colocation_slowdown: float = 0.0
-    """Compute slowdown per extra GPU sharing a node (host PCIe, CPU, data loading)."""
+    """Compute slowdown per doubling of the GPUs sharing a node (host PCIe, CPU, data
+    loading): ``1 + colocation_slowdown * log2(k)`` on ``k`` GPUs a node
+    (:func:`lightning_srifty.core.perfmodel.colocation_load`)."""
     inter_algorithm: str = "ring"
     """NCCL algorithm across nodes, ``"ring"`` or ``"tree"``; calibration picks the one
     the measurements support (it depends on the NCCL version and network, not the model)."""

@@ -600,7 +600,7 @@ class PerformanceModel:
                     # a run of the job measured this GPU: its compute is no transfer
                     transferred &= ~mask
         # every group's compute multiplier: what runs measured, and GPUs sharing a node
-        colocation_factor = 1.0 + phys.colocation_slowdown * np.maximum(gpn - 1, 0)
+        colocation_factor = 1.0 + phys.colocation_slowdown * colocation_load(gpn)
         slowdown = np.where(present, measured_scale * colocation_factor, 1.0)
         host = self.host_share(profile)
         fixed = self.fixed_host_s(profile, curve)
@@ -1090,6 +1090,23 @@ class PerformanceModel:
             validation_s=float(out["validation"][0]),
             loader_bound=bool(out["loader_bound"][0]),
         )
+
+
+def colocation_load(gpus_per_node: np.ndarray | int) -> np.ndarray:
+    """How many shared levels of the node's host fabric each GPU's traffic contends on.
+
+    GPUs sharing a node slow each other's compute through the host paths they share
+    (PCIe switches, root ports, a socket's memory). Those form a tree: pairs of GPUs
+    under a switch, switches under a root port, root ports on a socket. With ``k`` GPUs
+    a GPU shares ``log2(k)`` levels with neighbours, so the load is 1 with one
+    neighbour, as a linear load was, and grows by one per doubling, not per GPU: a
+    slowdown a probe measured on two GPUs a node extrapolates to eight as 3x, not 7x.
+    Probes of all three public hardware sets over-predicted their 3- to 8-GPU nodes
+    under the linear load (probed median 8.2 / 7.7 / 7.5 %, yolov3 on the DGX 80 % off;
+    with this load 6.9 / 5.5 / 6.8 %, unseen hardware unchanged or better).
+    """
+    k = np.maximum(np.asarray(gpus_per_node, dtype=np.float64), 1.0)
+    return np.asarray(np.log2(k))
 
 
 def single_process_s(ops: float, nbytes: float, memory_bytes_s: np.ndarray | float) -> np.ndarray:

@@ -45,8 +45,9 @@ SAME_DEVICE_COMPUTE_SIGMA = 0.05
 TAIL_PRIOR_SIGMA = 0.5
 """Prior spread (logit units) of the tail fraction."""
 COLOCATION_PRIOR_SIGMA = 0.2
-"""Prior spread of the co-location slowdown per extra GPU on a node (additive: a job
-that saturates a shared host can be 20-50 % slower per neighbour)."""
+"""Prior spread of the co-location slowdown per doubling of the GPUs on a node
+(additive: a job that saturates a shared host can be 20-50 % slower with one
+neighbour)."""
 MEASUREMENT_SIGMA = 0.05
 """Log spread of a measured mean step over tens of steps."""
 

@@ -24,6 +24,7 @@ from lightning_srifty.core.links import NodeLinks
 from lightning_srifty.core.perfmodel import (
     EAGER_OP_S,
     PerformanceModel,
+    colocation_load,
     expected_max_z,
     fit_compute_curve,
     loader_floor_s,
@@ -258,10 +259,20 @@ def test_a_jobs_own_terms_apply_to_that_job_only() -> None:
     other = dataclasses.replace(PROFILE, model_name="other")
     a = model.predict(mine, one_group(2, 4))
     b = model.predict(other, one_group(2, 4))
-    assert a.compute_s == pytest.approx(1.3 * b.compute_s)
+    assert a.compute_s == pytest.approx((1 + 0.1 * 2) * b.compute_s)  # 4 GPUs: 2 doublings
     assert a.comm_s == pytest.approx(a.allreduce_s)  # tail 1: nothing hidden
     assert b.comm_s < b.allreduce_s
     assert cal.physics_for("other") == cal.physics
+
+
+def test_colocation_grows_per_doubling_of_the_gpus_on_a_node() -> None:
+    cal = Calibration(dataclasses.replace(PHYS, colocation_slowdown=0.2))
+    model = PerformanceModel(SPECS, cal)
+    alone = model.predict(PROFILE, one_group(8, 1)).compute_s
+    shared = [model.predict(PROFILE, one_group(1, k)).compute_s / alone for k in (2, 4, 8)]
+    # one neighbour costs the constant; each doubling adds it once more, not per GPU
+    assert shared == pytest.approx([1.2, 1.4, 1.6])
+    assert colocation_load(np.array([1, 2, 4, 8])).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_predict_equals_predict_batch_on_one_candidate() -> None:

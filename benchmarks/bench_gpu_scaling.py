@@ -41,13 +41,15 @@ import numpy as np
 from lightning_srifty.core.catalog import (
     COMPUTE_SHARE,
     GPU_GENERATIONS,
+    HALF_RATE_ACCUMULATE,
+    HALF_RATE_UTILISATION,
     PRECISIONS,
     TENSOR_UTILISATION,
     peak_tflops,
     predicted_speed_ratio,
 )
 from lightning_srifty.core.perfmodel import PerformanceModel
-from lightning_srifty.fit.gpu_utilisation import fit_tensor_utilisation
+from lightning_srifty.fit.gpu_utilisation import HALF_RATE_KEY, fit_tensor_utilisation
 from lightning_srifty.fit.validation import per_sample_transfer, single_gpu_transfer
 from lightning_srifty.io.calibration_io import load_default_calibration
 from lightning_srifty.io.catalog_io import load_gpu_specs
@@ -58,15 +60,26 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data"
 TRACE_SETS = ("pollux-traces", "sia-traces/dgx-ext", "sia-traces/quad")
 
 
-def left_out_utilisation(rows: list, specs: dict, fast: str, slow: str) -> float:  # type: ignore[type-arg]
+def left_out_utilisation(
+    rows: list,  # type: ignore[type-arg]
+    specs: dict,  # type: ignore[type-arg]
+    fast: str,
+    slow: str,
+    precision: str,
+) -> float:
     """How the pair's predicted ratio moves when the utilisation is fitted without the
-    pair: the shipped table's factor undone, the left-out fit's applied."""
+    pair: the shipped factors undone (the generations' and, in fp16, the GeForce
+    boards'), the left-out fit's applied."""
     left = fit_tensor_utilisation(rows, specs, exclude=(fast, slow))
+    shipped_table = {**TENSOR_UTILISATION, HALF_RATE_KEY: HALF_RATE_UTILISATION}
 
     def factor(table: dict[str, float], gpu: str) -> float:
-        return table.get(GPU_GENERATIONS.get(gpu, ""), 1.0)
+        value = table.get(GPU_GENERATIONS.get(gpu, ""), 1.0)
+        if precision == "fp16" and gpu in HALF_RATE_ACCUMULATE:
+            value *= table.get(HALF_RATE_KEY, 1.0)
+        return value
 
-    shipped = factor(TENSOR_UTILISATION, fast) / factor(TENSOR_UTILISATION, slow)
+    shipped = factor(shipped_table, fast) / factor(shipped_table, slow)
     refit = factor(left, fast) / factor(left, slow)
     return float((refit / shipped) ** COMPUTE_SHARE)
 
@@ -113,7 +126,7 @@ def lambda_pairs(folder: Path) -> None:
                     / specs[slow].mem_bw_gbps
                 ),
                 "achieved": predicted_speed_ratio(specs[fast], specs[slow], precision)
-                * left_out_utilisation(rows, specs, fast, slow),
+                * left_out_utilisation(rows, specs, fast, slow, precision),
             }
             cells = []
             for name, predicted in predictions.items():

@@ -102,7 +102,9 @@ CROSS_GPU_SPREAD = 0.27
 ratio. From the ratio's leave-pair-out error on Lambda's public benchmark
 (``benchmarks/bench_gpu_scaling.py``: 20.3 % median absolute error over the fp32 pairs,
 16.9 % fp16, with the boards' power limits; sigma = ln(1.203)/0.6745), not from the
-traces the choice is judged on."""
+traces the choice is judged on. Kept since the GeForce boards' own 16-bit factor
+(:data:`~lightning_srifty.core.catalog.HALF_RATE_UTILISATION`) cut those errors to
+16.8 and 11.8 %: the traces' one-GPU transfers still miss by more than either."""
 HOST_TRANSFER_SPREAD = math.log(2.0) / 1.2816
 """Log-normal spread of host time (the fixed per-step part a faster GPU does not
 shorten) on another GPU type's host: a prior of a factor of two either way at the 10 and

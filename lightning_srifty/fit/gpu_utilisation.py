@@ -16,7 +16,10 @@ with ``s`` the whole-step compute share of the model
 for the per-model work ``a`` and ``log u`` with a ridge prior pulling ``log u`` to 0
 (:data:`RIDGE`: a generation with one GPU in the table moves only as far as its rows
 insist). One factor per generation, shared by both precisions (the same tensor-core
-pipeline). No per-row constant: a model's work ``a`` cancels in every ratio.
+pipeline), and one more on the fp16 rows of the GeForce boards, whose listed 16-bit peak
+is the halved FP32-accumulate rate
+(:data:`~lightning_srifty.core.catalog.HALF_RATE_ACCUMULATE`), under
+:data:`HALF_RATE_KEY`. No per-row constant: a model's work ``a`` cancels in every ratio.
 """
 
 from __future__ import annotations
@@ -29,12 +32,16 @@ import numpy as np
 from lightning_srifty.core.catalog import (
     COMPUTE_SHARE,
     GPU_GENERATIONS,
+    HALF_RATE_ACCUMULATE,
     PRECISIONS,
     GpuSpec,
     sustained_tflops,
 )
 from lightning_srifty.io.lambda_bench import LambdaRow, single_gpu_throughput
 
+HALF_RATE_KEY = "half-rate fp16"
+"""Key of the GeForce boards' 16-bit factor in :func:`fit_tensor_utilisation`'s answer
+(:data:`~lightning_srifty.core.catalog.HALF_RATE_UTILISATION`)."""
 RIDGE = 1.0
 """Prior precision of ``log u`` around 0 (a factor e either way at one sigma, against
 rows that each weigh 1 in log units)."""
@@ -47,7 +54,8 @@ def fit_tensor_utilisation(
     exclude: Sequence[str] = (),
     ridge: float = RIDGE,
 ) -> dict[str, float]:
-    """Achieved matrix-product utilisation per GPU generation (relative, around 1).
+    """Achieved matrix-product utilisation per GPU generation (relative, around 1), and
+    the GeForce boards' 16-bit factor under :data:`HALF_RATE_KEY` where rows inform it.
 
     Args:
         rows: Lambda's benchmark rows (both precisions).
@@ -66,17 +74,24 @@ def fit_tensor_utilisation(
     works = sorted({(p, m) for p, m, _, _ in observations})
     if not observations:
         return {}
-    x = np.zeros((len(observations) + len(generations), len(works) + len(generations)))
+    half_rate = [p == "fp16" and g in HALF_RATE_ACCUMULATE for p, _, g, _ in observations]
+    factors = len(generations) + (1 if any(half_rate) else 0)
+    x = np.zeros((len(observations) + factors, len(works) + factors))
     y = np.zeros(x.shape[0])
     for i, (precision, model, gpu, log_rate) in enumerate(observations):
         spec = specs[gpu]
         x[i, works.index((precision, model))] = 1.0
         x[i, len(works) + generations.index(GPU_GENERATIONS[gpu])] = COMPUTE_SHARE
+        if half_rate[i]:
+            x[i, len(works) + len(generations)] = COMPUTE_SHARE
         y[i] = log_rate - (
             COMPUTE_SHARE * math.log(sustained_tflops(spec, precision))
             + (1.0 - COMPUTE_SHARE) * math.log(spec.mem_bw_gbps)
         )
-    for k in range(len(generations)):
+    for k in range(factors):
         x[len(observations) + k, len(works) + k] = math.sqrt(ridge)
     solution = np.linalg.lstsq(x, y, rcond=None)[0]
-    return {g: float(math.exp(solution[len(works) + k])) for k, g in enumerate(generations)}
+    out = {g: float(math.exp(solution[len(works) + k])) for k, g in enumerate(generations)}
+    if factors > len(generations):
+        out[HALF_RATE_KEY] = float(math.exp(solution[len(works) + len(generations)]))
+    return out

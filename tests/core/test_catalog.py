@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from lightning_srifty.core.catalog import (
+    HALF_RATE_ACCUMULATE,
+    HALF_RATE_UTILISATION,
     Catalog,
     GpuSpec,
     Offer,
+    achieved_tflops,
     layer_time_ratio,
     peak_tflops,
     predicted_speed_ratio,
@@ -207,3 +210,17 @@ def test_a_board_under_its_familys_power_budget_holds_the_clock_the_budget_allow
     # a budget above the family's loses nothing
     roomy = with_power_limits({"T4": _board("T4", 8.1, 500), "RTX 2080 Ti": fast})
     assert roomy["T4"].sustained_clock == 1.0
+
+
+def test_a_geforce_boards_halved_16_bit_peak_is_reached_further_than_its_fp32() -> None:
+    """Two boards alike but for the GeForce halving of 16-bit products with FP32
+    accumulation: the GeForce one's achieved 16-bit rate is its listed (halved) peak
+    times HALF_RATE_UTILISATION over the other's, while float32 is untouched."""
+    assert "RTX 3090" in HALF_RATE_ACCUMULATE  # an Ampere board, as is the RTX A6000
+    geforce = GpuSpec("RTX 3090", 35.6, 35.6, 71.0, 936.0, 24.0)
+    pro = GpuSpec("RTX A6000", 35.6, 35.6, 71.0, 936.0, 24.0)
+    for precision in ("fp16", "16-mixed", "bf16-mixed"):
+        ratio = achieved_tflops(geforce, precision) / achieved_tflops(pro, precision)
+        assert ratio == pytest.approx(HALF_RATE_UTILISATION)
+    assert HALF_RATE_UTILISATION > 1.0
+    assert achieved_tflops(geforce, "fp32") == pytest.approx(achieved_tflops(pro, "fp32"))

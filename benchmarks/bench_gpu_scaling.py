@@ -40,13 +40,11 @@ import numpy as np
 
 from lightning_srifty.core.catalog import (
     COMPUTE_SHARE,
-    GPU_GENERATIONS,
-    HALF_RATE_ACCUMULATE,
-    HALF_RATE_UTILISATION,
     PRECISIONS,
     TENSOR_UTILISATION,
     peak_tflops,
     predicted_speed_ratio,
+    tensor_utilisation,
 )
 from lightning_srifty.core.perfmodel import PerformanceModel
 from lightning_srifty.fit.gpu_utilisation import HALF_RATE_KEY, fit_tensor_utilisation
@@ -71,16 +69,11 @@ def left_out_utilisation(
     pair: the shipped factors undone (the generations' and, in fp16, the GeForce
     boards'), the left-out fit's applied."""
     left = fit_tensor_utilisation(rows, specs, exclude=(fast, slow))
-    shipped_table = {**TENSOR_UTILISATION, HALF_RATE_KEY: HALF_RATE_UTILISATION}
-
-    def factor(table: dict[str, float], gpu: str) -> float:
-        value = table.get(GPU_GENERATIONS.get(gpu, ""), 1.0)
-        if precision == "fp16" and gpu in HALF_RATE_ACCUMULATE:
-            value *= table.get(HALF_RATE_KEY, 1.0)
-        return value
-
-    shipped = factor(shipped_table, fast) / factor(shipped_table, slow)
-    refit = factor(left, fast) / factor(left, slow)
+    half_rate = left.get(HALF_RATE_KEY, 1.0)
+    shipped = tensor_utilisation(fast, precision) / tensor_utilisation(slow, precision)
+    refit = tensor_utilisation(fast, precision, left, half_rate) / tensor_utilisation(
+        slow, precision, left, half_rate
+    )
     return float((refit / shipped) ** COMPUTE_SHARE)
 
 

@@ -580,12 +580,23 @@ def achieved_tflops(spec: GpuSpec, precision: str, tf32_share: float = 1.0) -> f
     CUDA-core from tensor-core reach on one GPU. A GeForce board's halved 16-bit rate
     reaches more of itself (:data:`HALF_RATE_UTILISATION`).
     """
-    generation = GPU_GENERATIONS.get(spec.name, "")
-    utilisation = TENSOR_UTILISATION.get(generation, 1.0)
-    achieved = sustained_tflops(spec, precision, tf32_share) * utilisation
-    if spec.name in HALF_RATE_ACCUMULATE and precision_kind(precision) == "fp16":
-        achieved *= HALF_RATE_UTILISATION
-    return achieved
+    return sustained_tflops(spec, precision, tf32_share) * tensor_utilisation(spec.name, precision)
+
+
+def tensor_utilisation(
+    gpu: str,
+    precision: str,
+    generations: Mapping[str, float] = TENSOR_UTILISATION,
+    half_rate: float = HALF_RATE_UTILISATION,
+) -> float:
+    """The achieved-utilisation factor of ``gpu`` at ``precision``: its generation's
+    (``generations``, 1 where not listed), times ``half_rate`` for a
+    :data:`HALF_RATE_ACCUMULATE` board in 16-bit. The defaults are the shipped factors;
+    a refit (a leave-pair-out check) passes its own."""
+    factor = generations.get(GPU_GENERATIONS.get(gpu, ""), 1.0)
+    if gpu in HALF_RATE_ACCUMULATE and precision_kind(precision) == "fp16":
+        factor *= half_rate
+    return factor
 
 
 def precision_kind(precision: str) -> str:

@@ -25,6 +25,7 @@ from lightning_srifty.core.catalog import (
     peak_tflops,
     predicted_speed_ratio,
     sustained_tflops,
+    tensor_utilisation,
 )
 from lightning_srifty.fit.gpu_utilisation import HALF_RATE_KEY, fit_tensor_utilisation
 from lightning_srifty.io.catalog_io import load_gpu_specs
@@ -95,9 +96,10 @@ def test_fitted_without_a_pair_it_predicts_that_pairs_fp16_ratio(
         held = math.log(sustained_tflops(specs[a], "fp16") / sustained_tflops(specs[b], "fp16"))
         bandwidth = math.log(specs[a].mem_bw_gbps / specs[b].mem_bw_gbps)
         left = fit_tensor_utilisation(lambda_rows, specs, exclude=(a, b))
-        util = math.log(left.get(GPU_GENERATIONS[a], 1.0) / left.get(GPU_GENERATIONS[b], 1.0))
-        half = math.log(left.get(HALF_RATE_KEY, 1.0))
-        util += half * ((a in HALF_RATE_ACCUMULATE) - (b in HALF_RATE_ACCUMULATE))
+        half = left.get(HALF_RATE_KEY, 1.0)
+        util = math.log(
+            tensor_utilisation(a, "fp16", left, half) / tensor_utilisation(b, "fp16", left, half)
+        )
         blend.append(abs(0.5 * (peaks + bandwidth) - measured))
         achieved.append(abs(0.5 * (held + util + bandwidth) - measured))
         if a in HALF_RATE_ACCUMULATE or b in HALF_RATE_ACCUMULATE:

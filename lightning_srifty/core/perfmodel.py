@@ -389,25 +389,45 @@ class PerformanceModel:
         small model's step: the H100's cifar10 layers took 10.7 ms at batch 129 against
         1.8 ms of roofline, and its step grew by 0.04 ms a sample, not 0.09; counted as
         work, that latency was multiplied by the H100-to-T4 ratio (~25x) and the T4
-        predicted 3.4x too slow a sample. A layer with neither FLOPs nor bytes counted,
-        or a profile from a device without a datasheet, is all work.
+        predicted 3.4x too slow a sample. A profile from a device without a datasheet
+        is all work.
+
+        A layer whose FLOPs and bytes the capture could not count (a container's own
+        ops, such as a residual add or Python glue; an in-place activation, whose
+        output is its input's tensor) has no roofline of its own. Its time is split as
+        the counted layers of the same profile split theirs: what they say about how
+        busy this GPU was on this job. Counted all as work (before), BERT's 9 ms of
+        ``BertLayer``-style glue at batch 8 grew with the batch and its batch-47 step on
+        the same H100 read +81 %; counted all as latency, ResNet-50's in-place ReLUs and
+        residual adds stopped growing and its batch-231 step read -16 %. Shared, they
+        read +60 % and -8 % (``benchmarks/bench_gpu_measured.py``). With no counted
+        layer at all, every layer is work.
         """
         env = profile.environment
         src = self.gpu_specs.get(env.accelerator)
-        out = []
-        for x in profile.layers:
-            measured = x.forward_s + x.backward_s
-            if measured <= 0:
-                continue
-            if src is None or (x.flops <= 0 and x.activation_bytes <= 0):
-                out.append((x, measured))
+        timed = [(x, x.forward_s + x.backward_s) for x in profile.layers]
+        timed = [(x, measured) for x, measured in timed if measured > 0]
+        if src is None:
+            return timed
+        counted: list[tuple[LayerTiming, float] | None] = []
+        counted_time = counted_work = 0.0
+        for x, measured in timed:
+            if x.flops <= 0 and x.activation_bytes <= 0:
+                counted.append(None)
                 continue
             tf32 = layer_allows_tf32(x.module_type, env.matmul_tf32, env.cudnn_tf32)
             roofline = layer_roofline_s(
                 x.flops, 3 * x.activation_bytes, x.module_type, src, env.precision, tf32
             )
-            out.append((x, min(measured, roofline / ROOFLINE_EFFICIENCY)))
-        return out
+            work = min(measured, roofline / ROOFLINE_EFFICIENCY)
+            counted.append((x, work))
+            counted_time += measured
+            counted_work += work
+        busy = counted_work / counted_time if counted_time > 0 else 1.0
+        return [
+            (x, measured * busy) if known is None else known
+            for (x, measured), known in zip(timed, counted, strict=True)
+        ]
 
     def layer_latency_s(self, profile: Profile) -> float:
         """Per-step layer time that is not work (:meth:`layer_work`): 0 for a profile

@@ -691,6 +691,50 @@ def test_layer_time_far_above_its_roofline_is_latency_no_gpu_or_batch_shortens()
     assert model.predict(two, one_group(1, 1, offer("V100", 1))).step_s > 0.0019
 
 
+def _with_glue(flops: float, glue_s: float) -> Profile:
+    """:func:`_hundred_layers` plus one container whose own time (``glue_s``: a residual
+    add, Python) has no FLOPs or bytes the capture could count."""
+    prof = _hundred_layers(flops)
+    glue = LayerTiming("block", "b", "Block", glue_s / 2, glue_s / 2, 0, 0, 0.0, 0)
+    total = 0.002 + glue_s
+    steps = dataclasses.replace(
+        prof.steps,
+        step=Spread(total, total, total, 10),
+        forward_s=prof.steps.forward_s + glue_s / 2,
+        backward_s=prof.steps.backward_s + glue_s / 2,
+    )
+    return dataclasses.replace(prof, layers=(*prof.layers, glue), steps=steps)
+
+
+@pytest.mark.parametrize(
+    ("flops", "glue_grows"),
+    [(1e8, True), (1e6, False)],
+    ids=["counted-layers-busy", "counted-layers-latency-bound"],
+)
+def test_uncounted_layer_time_is_split_as_the_counted_layers_split_theirs(
+    flops: float, glue_grows: bool
+) -> None:
+    """A container's own 1 ms grows with the batch where the counted layers show the GPU
+    busy (their time is work), and stays per step where they show it latency-bound. Taken
+    as work whatever the counted layers said, it doubled with the batch in both."""
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    t4 = one_group(1, 1, offer("T4", 1))
+    without = model.predict(_hundred_layers(flops), t4, local_batch=32).step_s
+    with_glue = model.predict(_with_glue(flops, 0.001), t4, local_batch=32).step_s
+    glue_at_32 = with_glue - without
+    if glue_grows:
+        assert glue_at_32 == pytest.approx(0.002, rel=1e-6)
+    else:
+        assert 0.001 <= glue_at_32 < 0.00105  # the counted layers: at most 5 % work
+
+
+def test_a_profile_with_no_counted_layer_keeps_every_layer_as_work() -> None:
+    prof = _with_glue(1e6, 0.001)
+    only_glue = dataclasses.replace(prof, layers=prof.layers[-1:])
+    model = PerformanceModel(SPECS, Calibration(physics=PHYS))
+    assert model.layer_work(only_glue) == [(only_glue.layers[0], 0.001)]
+
+
 def test_hardware_the_calibration_never_saw_gets_a_wider_interval() -> None:
     cal = Calibration(
         PHYS,

@@ -260,6 +260,9 @@ class SriftyCallback(pl.Callback):
             # per rank: each rank's workers draw their base seeds from its own generator
             state["worker_bases"] = gather_per_rank(self._session.worker_base_states())
             state["epoch_closed"] = self._session.epoch_closed()
+            reload_epoch = self._session.reload_epoch()
+            if reload_epoch is not None:
+                state["reload_epoch"] = reload_epoch
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -276,6 +279,9 @@ class SriftyCallback(pl.Callback):
         if self._session is not None and isinstance(bases, list) and bases:
             mine = for_this_rank(bases)
             self._session.pending_worker_bases = mine if isinstance(mine, list) else None
+        reload_epoch = state_dict.get("reload_epoch")
+        if self._session is not None and isinstance(reload_epoch, int):
+            self._session.restored_reload_epoch = reload_epoch
         if self._session is not None and state_dict.get("epoch_closed") is True:
             # Saved after an epoch's last batch: the uninterrupted run drew the next
             # epoch's loader seeds from this state when it created their iterators, which

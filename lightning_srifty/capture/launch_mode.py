@@ -146,6 +146,11 @@ class LaunchSession:
         """Where the restored checkpoint's loaders stood (set by the callback's state)."""
         self.pending_worker_bases: list[Any] | None = None
         """This rank's :meth:`worker_base_states` from the checkpoint resumed."""
+        self._samplers_epoch: int | None = None
+        """The epoch in which Lightning built the training loaders :attr:`samplers` hold."""
+        self.restored_reload_epoch: int | None = None
+        """The epoch of the uninterrupted run's last training-loader reload (set by the
+        callback's state), so a resumed Lightning reloads on that run's schedule."""
         self.before_training_loaders: Callable[[], None] | None = None
         """Run once before the first training loader is prepared (a resume's RNG)."""
 
@@ -211,6 +216,7 @@ class LaunchSession:
             first, self.before_training_loaders = self.before_training_loaders, None
             if first is not None:
                 first()
+            self._start_build(int(trainer.current_epoch))
             rebuilt = make_resumable(prepared, lambda: int(trainer.current_epoch))
             if rebuilt is None:
                 return prepared
@@ -230,6 +236,57 @@ class LaunchSession:
             return rebuilt
 
         connector._prepare_dataloader = prepare
+
+    def _start_build(self, epoch: int) -> None:
+        """Forgets the loaders of an earlier build when Lightning builds them again.
+
+        Under ``Trainer(reload_dataloaders_every_n_epochs=N)`` Lightning asks the script
+        for new training loaders at the start of an epoch and drops the old ones (one
+        build per epoch at most). Their positions were still saved, ahead of the live
+        loaders', and a resume gave a live loader a dropped one's position (measured:
+        every batch after the resume differed). The restored positions are for the
+        resume's first build alone.
+        """
+        if epoch == self._samplers_epoch:
+            return
+        if self._samplers_epoch is not None:
+            self.samplers = []
+            self.pending_loader_states = None
+            self.pending_worker_bases = None
+        self._samplers_epoch = epoch
+
+    def reload_epoch(self) -> int | None:
+        """The epoch of Lightning's last training-loader build under
+        ``reload_dataloaders_every_n_epochs`` (``None`` without reloads), which Lightning's
+        checkpoints do not keep."""
+        trainer = self._trainer
+        if trainer is None or not int(
+            getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0
+        ):
+            return None
+        last = getattr(trainer.fit_loop, "_last_train_dl_reload_epoch", None)
+        return int(last) if isinstance(last, (int, float)) and math.isfinite(last) else None
+
+    def _keep_reload_schedule(self, trainer: pl.Trainer) -> None:
+        """Puts a resumed Lightning back on the uninterrupted run's reload schedule.
+
+        Lightning counts the epochs to the next reload from its last build, and a
+        resumed run builds its loaders when it starts: resumed inside epoch 1 of a
+        script reloading every 2 epochs, it reloaded at epoch 3 where the uninterrupted
+        run reloaded at epoch 2, and every batch from epoch 2 on differed (measured).
+        """
+        restored, self.restored_reload_epoch = self.restored_reload_epoch, None
+        loop = trainer.fit_loop
+        if restored is None or not hasattr(loop, "_last_train_dl_reload_epoch"):
+            return
+        loop._last_train_dl_reload_epoch = restored
+        every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0)
+        epoch = int(trainer.current_epoch)
+        if restored < epoch < restored + every and trainer.is_global_zero:
+            # between two reloads: Lightning built this epoch's loaders when it started,
+            # where the uninterrupted run had them from an earlier epoch
+            note = RELOAD_NOTE.format(n=every, epoch=epoch, built=restored, next=restored + every)
+            print(f"srifty: {note}", file=sys.stderr, flush=True)
 
     def loader_states(self) -> list[dict[str, Any]]:
         """Where each rebuilt training loader stands, for the checkpoint."""
@@ -285,9 +342,7 @@ class LaunchSession:
 
     def on_train_start(self, trainer: pl.Trainer) -> None:
         self.vote.start()  # collective: every rank is here
-        reload_every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0)
-        if reload_every > 0 and trainer.is_global_zero:
-            print(f"srifty: {RELOAD_NOTE.format(n=reload_every)}", file=sys.stderr, flush=True)
+        self._keep_reload_schedule(trainer)
         if self.watcher is not None:
             # After Lightning installed its SIGTERM handler, so ours takes the signal.
             self.watcher.start()
@@ -767,12 +822,13 @@ EPOCH_START_NOTE = (
 """Said once per attempt, on rank zero, where the script has such hooks."""
 
 RELOAD_NOTE = (
-    "Trainer(reload_dataloaders_every_n_epochs={n}): a resume continues in the epoch it "
-    "stood in, but not at its exact batch (Lightning rebuilds the training loaders on a "
-    "schedule its checkpoints do not keep), so batches of that epoch may be trained twice "
-    "or skipped; without it the launcher resumes at the exact batch"
+    "Trainer(reload_dataloaders_every_n_epochs={n}): this attempt resumed in epoch {epoch}, "
+    "whose training loaders the uninterrupted run built in epoch {built}; Lightning built "
+    "them again in this epoch, so a train_dataloader() that depends on the epoch or draws "
+    "from the global random generator trains other batches until the next reload (epoch "
+    "{next}); one that returns the same loaders every time resumes at the exact batch"
 )
-"""Said once per attempt under the launcher where the script reloads its loaders."""
+"""Said on rank zero by an attempt that resumed between two of the script's reloads."""
 
 PERSISTENT_WORKERS_NOTE = (
     "DataLoader(persistent_workers=True): a resume continues at the exact batch, but "

@@ -73,6 +73,8 @@ class _Pass:
     yielded: int = 0
     base_state: torch.Tensor | None = None
     """The generator state the pass's loader iterator drew its workers' base seed from."""
+    finished: bool = False
+    """Every batch of the pass was yielded (a shorter loader Lightning cycles)."""
 
 
 class ResumingBatchSampler:
@@ -102,6 +104,8 @@ class ResumingBatchSampler:
         self.next_base_state: torch.Tensor | None = None
         """Set by :class:`WorkerReplayingLoader` before each iterator: its base seed's
         generator state, kept with the pass that iterator runs."""
+        self._order_generator: torch.Generator | None = None
+        """The generator this sampler last lent the ``RandomSampler`` (not the script's)."""
         self.replaying = False
         """Set by :class:`WorkerReplayingLoader`: yield the batches a resume skips too (it
         drops them after its workers have loaded them)."""
@@ -213,8 +217,22 @@ class ResumingBatchSampler:
             self.set_epoch(epoch)
         if self._passes_epoch != epoch:
             self._passes_epoch, self._passes = epoch, []
+        if self._passes and not self._passes[-1].finished:
+            # A pass left before its end within the epoch trained none of its batches:
+            # in an epoch that reloads its loaders Lightning makes one iterator when it
+            # builds them and another when the epoch starts; the first one's workers had
+            # only prefetched (counted, they put a resume that many batches short).
+            self._passes.pop()
         pending, skip, before = self._resolve(pending)
-        shuffled = isinstance(self.sampler, RandomSampler) and self.sampler.generator is None
+        # A generator this sampler lent an earlier pass is not the script's: that pass's
+        # iterator may still be alive (in an epoch that reloads its loaders Lightning makes
+        # one when it builds them and another when the epoch starts), and read as the
+        # script's own, the new pass drew its order from it, advanced by the first pass
+        # (measured: a resume into such an epoch with workers trained another order).
+        lent = getattr(self.sampler, "generator", None)
+        shuffled = isinstance(self.sampler, RandomSampler) and (
+            lent is None or lent is self._order_generator
+        )
         if pending is not None:
             if skip >= len(self.inner) and self._current_epoch is not None:
                 # Saved after the pass's last batch in an epoch that goes on (a shorter
@@ -236,9 +254,11 @@ class ResumingBatchSampler:
             self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
         this_pass = _Pass(before=before + skip, start=skip, seed=self.seed, base_state=base_state)
         self._passes.append(this_pass)
+        order: torch.Generator | None = None
         if shuffled and self.seed is not None:
             assert isinstance(self.sampler, RandomSampler)
-            self.sampler.generator = torch.Generator().manual_seed(self.seed)
+            order = torch.Generator().manual_seed(self.seed)
+            self.sampler.generator = self._order_generator = order
         try:
             for index, batch in enumerate(self.inner):
                 if index >= skip:
@@ -246,10 +266,11 @@ class ResumingBatchSampler:
                     yield batch
                 elif replaying:
                     yield batch  # loaded by the workers, dropped by the loader
+            this_pass.finished = True
         finally:
-            if shuffled:
-                assert isinstance(self.sampler, RandomSampler)
-                self.sampler.generator = None
+            if order is not None and isinstance(self.sampler, RandomSampler):
+                if self.sampler.generator is order:  # not a later pass's
+                    self.sampler.generator = None
 
 
 class ResumingStreamLoader(DataLoader):  # type: ignore[type-arg]

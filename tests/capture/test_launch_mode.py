@@ -231,7 +231,11 @@ def _fit_to(
 
 
 def _fit_module(
-    module: _Shuffled, steps: int, store: Path, monkeypatch: pytest.MonkeyPatch
+    module: _Shuffled,
+    steps: int,
+    store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reload_every: int = 0,
 ) -> dict[int, str]:
     """Trains ``module`` under the launcher to ``steps`` (checkpoints in ``store``)."""
     monkeypatch.setenv(proto.ENV_MODE, proto.MODE_TRAIN)
@@ -239,6 +243,7 @@ def _fit_module(
     monkeypatch.setenv(proto.ENV_TARGET_STEPS, str(steps))
     pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, default_root_dir=store.parent,
+               reload_dataloaders_every_n_epochs=reload_every,
                callbacks=[SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)],
                ).fit(module)  # fmt: skip
     return module.losses
@@ -324,24 +329,69 @@ def test_a_resume_inside_an_epoch_replays_the_augmentations_its_workers_drew(
     assert {**first, **second} == whole
 
 
-def test_a_script_that_reloads_its_loaders_is_told_its_resume_is_not_exact(
+@pytest.mark.parametrize(
+    ("reload_every", "workers", "stop"),
+    [(1, 0, 13), (1, 2, 13), (2, 0, 15), (2, 2, 20)],
+    ids=["every-epoch-inside", "every-epoch-inside-workers", "every-2-between-reloads",
+         "every-2-at-an-epoch-end-workers"],
+)  # fmt: skip
+def test_a_script_that_reloads_its_loaders_resumes_at_the_exact_batch(
+    reload_every: int, workers: int, stop: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``reload_dataloaders_every_n_epochs`` Lightning rebuilds the training loaders
+    on a schedule its checkpoints do not keep, and in a reload epoch makes two iterators
+    over them. Measured before: every batch after a resume differed (the positions of
+    dropped loaders restored into live ones; the resumed Lightning reloading a step late;
+    in a reload epoch with workers, the second iterator's order drawn from the first's
+    generator). Epochs of 10 batches; the augmentations are drawn in the workers."""
+
+    def fit(steps: int, store: Path) -> dict[int, str]:
+        pl.seed_everything(0, workers=True)
+        module = _AugmentedInWorkers(workers)
+        return _fit_module(module, steps, store, monkeypatch, reload_every=reload_every)
+
+    whole = fit(30, tmp_path / "whole")
+    first = fit(stop, tmp_path / "split")
+    assert open_store(str(tmp_path / "split"), keep=10).refs()[0].step == stop
+    second = fit(30, tmp_path / "split")
+    assert sorted(second) == list(range(stop + 1, 31))
+    assert {**first, **second} == whole
+
+
+class _EpochDependentLoader(_Shuffled):
+    """``train_dataloader`` grows the data with the epoch (a curriculum)."""
+
+    def train_dataloader(self) -> object:
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = super().train_dataloader().dataset  # type: ignore[attr-defined]
+        size = 80 + 16 * min(self.current_epoch, 5)
+        return DataLoader(TensorDataset(*data[:size]), batch_size=16, shuffle=True)
+
+
+def test_a_resume_between_reloads_says_its_loaders_were_built_in_another_epoch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Lightning rebuilds the loaders on its own schedule, which its checkpoints do not
-    keep: measured, a run resumed at step 15 of a reloading script trained other batches
-    from step 16 on (with the same script without reloads: every batch the same)."""
-    monkeypatch.setenv(proto.ENV_MODE, proto.MODE_TRAIN)
-    monkeypatch.setenv(proto.ENV_CHECKPOINT_URI, str(tmp_path / "store"))
-    monkeypatch.setenv(proto.ENV_TARGET_STEPS, "3")
-    for reload_every in (2, 0):
-        pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, default_root_dir=tmp_path,
-                   reload_dataloaders_every_n_epochs=reload_every,
-                   callbacks=[SriftyCallback(warmup_steps=1, profile_steps=1, verbose=False)],
-                   ).fit(_Shuffled(False))  # fmt: skip
-        said = capsys.readouterr().err
-        noted = "Trainer(reload_dataloaders_every_n_epochs=2): a resume continues" in said
-        assert noted == bool(reload_every), said[-2000:]
+    """Resumed in an epoch where the uninterrupted run did not reload, Lightning builds
+    the loaders anew, in this epoch: a ``train_dataloader`` that depends on the epoch (or
+    draws from the global generator) builds other ones (measured: every batch from the
+    resume on differed), so the attempt says so; an attempt that did not resume, or
+    resumed in a reload epoch, says nothing."""
+
+    def fit(steps: int) -> tuple[dict[int, str], str]:
+        pl.seed_everything(0)
+        module = _EpochDependentLoader(False)
+        losses = _fit_module(module, steps, tmp_path / "split", monkeypatch, reload_every=2)
+        return losses, capsys.readouterr().err
+
+    note = "Trainer(reload_dataloaders_every_n_epochs=2): this attempt resumed in epoch"
+    _, said = fit(7)  # epochs of 5 batches, then 6: inside epoch 1
+    assert note not in said
+    _, said = fit(13)  # resumed inside epoch 1, where the uninterrupted run did not reload
+    assert f"{note} 1" in said, said[-2000:]
+    assert "built in epoch 0" in said
+    _, said = fit(20)  # resumed inside epoch 2, a reload epoch
+    assert note not in said, said[-2000:]
 
 
 class _DistributedOrder(_Shuffled):

@@ -263,6 +263,8 @@ class SriftyCallback(pl.Callback):
             reload_epoch = self._session.reload_epoch()
             if reload_epoch is not None:
                 state["reload_epoch"] = reload_epoch
+                # a collective: every rank reloads on the same schedule
+                state["reload_rng"] = gather_per_rank(self._session.build_rng)
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -282,6 +284,9 @@ class SriftyCallback(pl.Callback):
         reload_epoch = state_dict.get("reload_epoch")
         if self._session is not None and isinstance(reload_epoch, int):
             self._session.restored_reload_epoch = reload_epoch
+            reload_rng = state_dict.get("reload_rng")
+            if isinstance(reload_rng, list) and reload_rng:
+                self._session.restored_build_rng = rng_state_for_this_rank(reload_rng)
         if self._session is not None and state_dict.get("epoch_closed") is True:
             # Saved after an epoch's last batch: the uninterrupted run drew the next
             # epoch's loader seeds from this state when it created their iterators, which

@@ -146,11 +146,17 @@ class LaunchSession:
         """Where the restored checkpoint's loaders stood (set by the callback's state)."""
         self.pending_worker_bases: list[Any] | None = None
         """This rank's :meth:`worker_base_states` from the checkpoint resumed."""
-        self._samplers_epoch: int | None = None
-        """The epoch in which Lightning built the training loaders :attr:`samplers` hold."""
+        self._builds = 0
+        """Training-loader builds so far, where the script reloads them."""
         self.restored_reload_epoch: int | None = None
         """The epoch of the uninterrupted run's last training-loader reload (set by the
         callback's state), so a resumed Lightning reloads on that run's schedule."""
+        self.build_rng: dict[str, Any] | None = None
+        """This process's generators as the latest training-loader build found them (under
+        ``reload_dataloaders_every_n_epochs``): what the script's ``train_dataloader``
+        drew from."""
+        self.restored_build_rng: dict[str, Any] | None = None
+        """This rank's :attr:`build_rng` from the checkpoint resumed (set by its state)."""
         self.before_training_loaders: Callable[[], None] | None = None
         """Run once before the first training loader is prepared (a resume's RNG)."""
 
@@ -216,7 +222,6 @@ class LaunchSession:
             first, self.before_training_loaders = self.before_training_loaders, None
             if first is not None:
                 first()
-            self._start_build(int(trainer.current_epoch))
             rebuilt = make_resumable(prepared, lambda: int(trainer.current_epoch))
             if rebuilt is None:
                 return prepared
@@ -236,24 +241,81 @@ class LaunchSession:
             return rebuilt
 
         connector._prepare_dataloader = prepare
+        self._build_as_uninterrupted(trainer)
 
-    def _start_build(self, epoch: int) -> None:
+    def _build_as_uninterrupted(self, trainer: pl.Trainer) -> None:
+        """Has a resumed Lightning build the training loaders as the uninterrupted run's
+        last reload did, where the script reloads them.
+
+        Scripts reload to draw a new subset or to follow a curriculum: their
+        ``train_dataloader`` draws from the global generators or reads the epoch. A
+        resumed run builds its loaders when it starts, in the epoch it resumes in and
+        with this process's generators, and trained other batches until the next reload
+        (measured: from the first resumed batch on). Each build records the generators
+        it starts from (saved with the checkpoint); a resumed run's first build, where
+        it stands before the next reload, starts from the saved ones and shows
+        ``train_dataloader`` the epoch of the last reload.
+        """
+        loop = getattr(trainer, "fit_loop", None)
+        setup_data = getattr(loop, "setup_data", None)
+        source = getattr(loop, "_data_source", None)
+        every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0)
+        if loop is None or setup_data is None or source is None or every <= 0:
+            return
+        if not hasattr(loop, "_last_train_dl_reload_epoch"):
+            return  # another Lightning: its reload schedule is not this one
+
+        from lightning_srifty.capture.checkpointing import capture_rng_state, restore_rng_state
+
+        def build() -> None:
+            if loop._combined_loader is not None and not loop._should_reload_train_dl:
+                setup_data()
+                return
+            self._start_build()
+            saved, self.restored_build_rng = self.restored_build_rng, None
+            built_in = self.restored_reload_epoch
+            epoch = int(trainer.current_epoch)
+            if saved is None or built_in is None or not built_in <= epoch < built_in + every:
+                self.build_rng = capture_rng_state()
+                setup_data()  # a fresh run, or Lightning reloads in this epoch anyway
+                return
+            restore_rng_state(saved)
+            self.build_rng = saved
+            if built_in == epoch:
+                setup_data()
+                return
+            original = source.dataloader
+            progress = loop.epoch_progress.current
+
+            def dataloader() -> Any:
+                completed, progress.completed = progress.completed, built_in
+                try:
+                    return original()
+                finally:
+                    progress.completed = completed
+
+            source.dataloader = dataloader
+            try:
+                setup_data()
+            finally:
+                del source.dataloader  # the class's method again
+
+        loop.setup_data = build
+
+    def _start_build(self) -> None:
         """Forgets the loaders of an earlier build when Lightning builds them again.
 
         Under ``Trainer(reload_dataloaders_every_n_epochs=N)`` Lightning asks the script
-        for new training loaders at the start of an epoch and drops the old ones (one
-        build per epoch at most). Their positions were still saved, ahead of the live
-        loaders', and a resume gave a live loader a dropped one's position (measured:
-        every batch after the resume differed). The restored positions are for the
-        resume's first build alone.
+        for new training loaders at the start of an epoch and drops the old ones. Their
+        positions were still saved, ahead of the live loaders', and a resume gave a live
+        loader a dropped one's position (measured: every batch after the resume
+        differed). The restored positions are for the resume's first build alone.
         """
-        if epoch == self._samplers_epoch:
-            return
-        if self._samplers_epoch is not None:
+        if self._builds:
             self.samplers = []
             self.pending_loader_states = None
             self.pending_worker_bases = None
-        self._samplers_epoch = epoch
+        self._builds += 1
 
     def reload_epoch(self) -> int | None:
         """The epoch of Lightning's last training-loader build under
@@ -280,13 +342,6 @@ class LaunchSession:
         if restored is None or not hasattr(loop, "_last_train_dl_reload_epoch"):
             return
         loop._last_train_dl_reload_epoch = restored
-        every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0)
-        epoch = int(trainer.current_epoch)
-        if restored < epoch < restored + every and trainer.is_global_zero:
-            # between two reloads: Lightning built this epoch's loaders when it started,
-            # where the uninterrupted run had them from an earlier epoch
-            note = RELOAD_NOTE.format(n=every, epoch=epoch, built=restored, next=restored + every)
-            print(f"srifty: {note}", file=sys.stderr, flush=True)
 
     def loader_states(self) -> list[dict[str, Any]]:
         """Where each rebuilt training loader stands, for the checkpoint."""
@@ -820,15 +875,6 @@ EPOCH_START_NOTE = (
     "on_save_checkpoint) stays as this process built it until the next epoch"
 )
 """Said once per attempt, on rank zero, where the script has such hooks."""
-
-RELOAD_NOTE = (
-    "Trainer(reload_dataloaders_every_n_epochs={n}): this attempt resumed in epoch {epoch}, "
-    "whose training loaders the uninterrupted run built in epoch {built}; Lightning built "
-    "them again in this epoch, so a train_dataloader() that depends on the epoch or draws "
-    "from the global random generator trains other batches until the next reload (epoch "
-    "{next}); one that returns the same loaders every time resumes at the exact batch"
-)
-"""Said on rank zero by an attempt that resumed between two of the script's reloads."""
 
 PERSISTENT_WORKERS_NOTE = (
     "DataLoader(persistent_workers=True): a resume continues at the exact batch, but "

@@ -358,40 +358,57 @@ def test_a_script_that_reloads_its_loaders_resumes_at_the_exact_batch(
     assert {**first, **second} == whole
 
 
-class _EpochDependentLoader(_Shuffled):
-    """``train_dataloader`` grows the data with the epoch (a curriculum)."""
+class _ReloadedLoader(_Shuffled):
+    """What scripts reload for: a curriculum (``"epoch"``: the data grows with the
+    epoch; 5, 5, 7, 7, 9 batches when reloaded every 2 epochs) or a new random subset
+    (``"subset"``: 128 of the 160 samples drawn from the global generator, 8 batches)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(False)
+        self.kind = kind
 
     def train_dataloader(self) -> object:
+        import torch
         from torch.utils.data import DataLoader, TensorDataset
 
         data = super().train_dataloader().dataset  # type: ignore[attr-defined]
-        size = 80 + 16 * min(self.current_epoch, 5)
-        return DataLoader(TensorDataset(*data[:size]), batch_size=16, shuffle=True)
+        if self.kind == "epoch":
+            chosen = data[: 80 + 16 * min(self.current_epoch, 5)]
+        else:
+            chosen = data[torch.randperm(160)[:128]]
+        return DataLoader(TensorDataset(*chosen), batch_size=16, shuffle=True)
 
 
-def test_a_resume_between_reloads_says_its_loaders_were_built_in_another_epoch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("kind", "reload_every", "stops"),
+    [("epoch", 2, (7,)), ("epoch", 2, (13,)), ("epoch", 2, (10, 20)), ("subset", 1, (13,)),
+     ("subset", 2, (11, 19))],
+    ids=["curriculum-between-reloads", "curriculum-in-a-reload-epoch",
+         "curriculum-epoch-end-then-between", "subset-every-epoch", "subset-twice"],
+)  # fmt: skip
+def test_a_reloaded_loader_that_reads_the_epoch_or_draws_resumes_as_built(
+    kind: str,
+    reload_every: int,
+    stops: tuple[int, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Resumed in an epoch where the uninterrupted run did not reload, Lightning builds
-    the loaders anew, in this epoch: a ``train_dataloader`` that depends on the epoch (or
-    draws from the global generator) builds other ones (measured: every batch from the
-    resume on differed), so the attempt says so; an attempt that did not resume, or
-    resumed in a reload epoch, says nothing."""
+    """A resumed Lightning builds its loaders when it starts, in the epoch it resumes in
+    and with the new process's generators: a curriculum resumed between two reloads, or
+    a subset drawn anew, trained other batches from the resume on (measured). The
+    resumed build replays the last reload's: its epoch and its generators."""
 
-    def fit(steps: int) -> tuple[dict[int, str], str]:
+    def fit(steps: int, store: Path) -> dict[int, str]:
         pl.seed_everything(0)
-        module = _EpochDependentLoader(False)
-        losses = _fit_module(module, steps, tmp_path / "split", monkeypatch, reload_every=2)
-        return losses, capsys.readouterr().err
+        module = _ReloadedLoader(kind)
+        return _fit_module(module, steps, store, monkeypatch, reload_every=reload_every)
 
-    note = "Trainer(reload_dataloaders_every_n_epochs=2): this attempt resumed in epoch"
-    _, said = fit(7)  # epochs of 5 batches, then 6: inside epoch 1
-    assert note not in said
-    _, said = fit(13)  # resumed inside epoch 1, where the uninterrupted run did not reload
-    assert f"{note} 1" in said, said[-2000:]
-    assert "built in epoch 0" in said
-    _, said = fit(20)  # resumed inside epoch 2, a reload epoch
-    assert note not in said, said[-2000:]
+    whole = fit(30, tmp_path / "whole")
+    split: dict[int, str] = {}
+    for stop in (*stops, 30):
+        split.update(fit(stop, tmp_path / "split"))
+        assert open_store(str(tmp_path / "split"), keep=10).refs()[0].step == stop
+    assert split == whole
 
 
 class _DistributedOrder(_Shuffled):

@@ -239,9 +239,8 @@ class ResumingBatchSampler:
                 # loader Lightning cycles): end this pass at once, so that Lightning
                 # starts the next as the uninterrupted run did (a new iterator, which
                 # draws its base seed, then this sampler's order).
-                self._passes.append(
-                    _Pass(before=before + skip, start=skip, seed=self.seed, base_state=base_state)
-                )
+                ended = _Pass(before + skip, skip, self.seed, base_state=base_state, finished=True)
+                self._passes.append(ended)
                 return
             if skip >= len(self.inner):
                 # Saved after the epoch's last batch (no Trainer epoch to tell): the next

@@ -218,3 +218,27 @@ def test_the_passes_of_a_closed_epoch_are_not_counted_in_the_next() -> None:
     next(run), next(run)
     state = _sampler(short).position(2, world_size=1)
     assert state["epoch"] == 1 and state["batches"] == 2 and state["before"] == 0
+
+
+def test_a_pass_a_resume_ended_at_once_still_counts_its_batches() -> None:
+    """Resumed where the short loader had ended its second pass (6 batches: 3 + 3), the
+    resumed pass ends at once; the next pass's checkpoint must still count the 6 batches
+    before it, as the uninterrupted run's does (a second resume would otherwise start
+    the pass at the wrong batch)."""
+    epoch = [1]
+    torch.manual_seed(0)
+    long, short = _two_loaders(epoch)
+    run = _combined(long, short)
+    for _ in range(6):
+        next(run)
+    states = [_sampler(x).position(6, world_size=1) for x in (long, short)]
+    rng = torch.get_rng_state()
+    next(run)
+    uninterrupted = _sampler(short).position(7, world_size=1)
+    resumed = _two_loaders(epoch)
+    for loader, state in zip(resumed, states, strict=True):
+        _sampler(loader).resume(state, world_size=1)
+    again = _combined(*resumed)
+    torch.set_rng_state(rng)
+    next(again)
+    assert _sampler(resumed[1]).position(7, world_size=1) == uninterrupted

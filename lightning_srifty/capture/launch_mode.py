@@ -259,7 +259,7 @@ class LaunchSession:
         loop = getattr(trainer, "fit_loop", None)
         setup_data = getattr(loop, "setup_data", None)
         source = getattr(loop, "_data_source", None)
-        every = int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0)
+        every = _reload_every(trainer)
         if loop is None or setup_data is None or source is None or every <= 0:
             return
         if not hasattr(loop, "_last_train_dl_reload_epoch"):
@@ -322,9 +322,7 @@ class LaunchSession:
         ``reload_dataloaders_every_n_epochs`` (``None`` without reloads), which Lightning's
         checkpoints do not keep."""
         trainer = self._trainer
-        if trainer is None or not int(
-            getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0
-        ):
+        if trainer is None or not _reload_every(trainer):
             return None
         last = getattr(trainer.fit_loop, "_last_train_dl_reload_epoch", None)
         return int(last) if isinstance(last, (int, float)) and math.isfinite(last) else None
@@ -866,6 +864,11 @@ def _unreplayed_epoch_start_hooks(trainer: pl.Trainer) -> list[str]:
         if kind.on_train_epoch_start is not Callback.on_train_epoch_start:
             hooks.append(f"{kind.__name__}.on_train_epoch_start")
     return hooks
+
+
+def _reload_every(trainer: pl.Trainer) -> int:
+    """The script's ``reload_dataloaders_every_n_epochs`` (0: it never reloads)."""
+    return int(getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or 0)
 
 
 EPOCH_START_NOTE = (

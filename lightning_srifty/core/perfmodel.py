@@ -409,24 +409,24 @@ class PerformanceModel:
         timed = [(x, measured) for x, measured in timed if measured > 0]
         if src is None:
             return timed
-        counted: list[tuple[LayerTiming, float] | None] = []
+        works: list[float | None] = []
         counted_time = counted_work = 0.0
         for x, measured in timed:
             if x.flops <= 0 and x.activation_bytes <= 0:
-                counted.append(None)
+                works.append(None)
                 continue
             tf32 = layer_allows_tf32(x.module_type, env.matmul_tf32, env.cudnn_tf32)
             roofline = layer_roofline_s(
                 x.flops, 3 * x.activation_bytes, x.module_type, src, env.precision, tf32
             )
             work = min(measured, roofline / ROOFLINE_EFFICIENCY)
-            counted.append((x, work))
+            works.append(work)
             counted_time += measured
             counted_work += work
         busy = counted_work / counted_time if counted_time > 0 else 1.0
         return [
-            (x, measured * busy) if known is None else known
-            for (x, measured), known in zip(timed, counted, strict=True)
+            (x, measured * busy if work is None else work)
+            for (x, measured), work in zip(timed, works, strict=True)
         ]
 
     def layer_latency_s(self, profile: Profile) -> float:

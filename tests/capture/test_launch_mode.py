@@ -706,6 +706,30 @@ def test_ranks_whose_workers_augment_resume_each_ranks_draws_after_a_preemption(
     assert split == whole
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("reload_every", "workers", "sigterm_at"),
+    [(2, 0, 7), (1, 2, 6)],
+    ids=["between-reloads", "in-a-reload-epoch-workers"],
+)
+def test_ranks_that_reload_their_loaders_resume_each_ranks_subset_after_a_preemption(
+    reload_every: int, workers: int, sigterm_at: int, tmp_path: Path
+) -> None:
+    """Two DDP processes seeded apart, each rebuilding its loader under
+    ``reload_dataloaders_every_n_epochs`` from a random subset its own generators draw
+    (4 batches an epoch each): rank 1 is preempted inside the second epoch, and the
+    resumed pair trains every later batch as the uninterrupted pair does. Each rank's
+    build state travels in the checkpoint per rank; a resumed pair that rebuilt both
+    ranks from rank 0's would train rank 1 on rank 0's subset from the resume on."""
+    newest, whole, split = _preempted_then_resumed(
+        tmp_path, sigterm_at, "--sigterm-rank", "1", "--accumulate", "1",
+        "--reload-every", str(reload_every), "--augment-workers", str(workers),
+        processes=2, sleep_s=0.25, target=16,
+    )  # fmt: skip
+    assert sigterm_at <= newest.step < 16 and newest.step % 4 != 0, newest.step
+    assert split == whole
+
+
 @pytest.mark.parametrize(
     ("max_epochs", "saved"), [(2, (11, "profile-end")), (1, (10, "final"))], ids=["more", "last"]
 )

@@ -16,9 +16,13 @@ epochs and 3 from the third; ``--swa-from E`` adds Lightning's
 on the validation loss. ``--augment-workers N`` loads the batches in N DataLoader workers
 (from a fork server), each sample with a random shift drawn there, and seeds each rank apart (rank
 ``r`` from seed ``r``), so every rank's workers draw from a base seed of their own.
+``--reload-every N`` sets ``reload_dataloaders_every_n_epochs``; each build then trains
+on a random 128 of the 160 samples, drawn from the global generator (ranks seeded apart
+as for ``--augment-workers``, so every rank draws a subset of its own).
 
     python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K | --schedule]
-                           [--swa-from E] [--plateau]
+                           [--swa-from E] [--plateau] [--augment-workers N]
+                           [--reload-every N]
 """
 
 from __future__ import annotations
@@ -48,17 +52,25 @@ class Shifted(TensorDataset):
 
 class Accumulating(pl.LightningModule):
     def __init__(
-        self, sigterm_at: int, sigterm_rank: int, plateau: bool = False, workers: int = 0
+        self,
+        sigterm_at: int,
+        sigterm_rank: int,
+        plateau: bool = False,
+        workers: int = 0,
+        subsets: bool = False,
     ) -> None:
         super().__init__()
         self.sigterm_at, self.sigterm_rank, self.plateau = sigterm_at, sigterm_rank, plateau
-        self.workers = workers
+        self.workers, self.subsets = workers, subsets
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
                                        torch.nn.Linear(16, 2))  # fmt: skip
 
     def train_dataloader(self) -> Any:
         g = torch.Generator().manual_seed(0)
         x, y = torch.randn(160, 8, generator=g), torch.randint(0, 2, (160,), generator=g)
+        if self.subsets:
+            chosen = torch.randperm(160)[:128]
+            x, y = x[chosen], y[chosen]
         if self.workers:
             shifted = Shifted(x, y)
             context = "forkserver"
@@ -106,8 +118,10 @@ def main() -> None:
     parser.add_argument("--schedule", action="store_true")
     parser.add_argument("--plateau", action="store_true")
     parser.add_argument("--augment-workers", type=int, default=0)
+    parser.add_argument("--reload-every", type=int, default=0)
     args = parser.parse_args()
-    pl.seed_everything(int(os.environ.get("RANK", "0")) if args.augment_workers else 0)
+    apart = args.augment_workers or args.reload_every
+    pl.seed_everything(int(os.environ.get("RANK", "0")) if apart else 0)
     # devices and strategy: the launcher's PL_TRAINER_* defaults, as for any script
     callbacks: list[pl.Callback] = [SriftyCallback(warmup_steps=1, profile_steps=2, verbose=False)]
     if args.schedule:
@@ -118,10 +132,10 @@ def main() -> None:
                                                    annealing_epochs=3))  # fmt: skip
     pl.Trainer(accelerator="cpu", accumulate_grad_batches=args.accumulate, logger=False,
                enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False,
+               enable_model_summary=False, reload_dataloaders_every_n_epochs=args.reload_every,
                callbacks=callbacks,
                ).fit(Accumulating(args.sigterm_at, args.sigterm_rank, args.plateau,
-                                  args.augment_workers))  # fmt: skip
+                                  args.augment_workers, args.reload_every > 0))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -208,6 +208,7 @@ class LaunchSession:
         from lightning_srifty.capture.resumable_sampler import (
             ResumingStreamLoader,
             make_resumable,
+            replays_persistent_workers,
         )
 
         connector = getattr(trainer, "_data_connector", None)
@@ -226,7 +227,10 @@ class LaunchSession:
             if rebuilt is None:
                 return prepared
             if rebuilt.num_workers > 0 and rebuilt.persistent_workers and trainer.is_global_zero:
-                print(f"srifty: {PERSISTENT_WORKERS_NOTE}", file=sys.stderr, flush=True)
+                if not replays_persistent_workers(rebuilt):
+                    print(f"srifty: {PERSISTENT_WORKERS_NOTE}", file=sys.stderr, flush=True)
+                elif _reload_every(trainer) > 0:
+                    print(f"srifty: {PERSISTENT_RELOAD_NOTE}", file=sys.stderr, flush=True)
             # a stream keeps its position itself; a map-style loader in its batch sampler
             position: Any = (
                 rebuilt if isinstance(rebuilt, ResumingStreamLoader) else rebuilt.batch_sampler
@@ -358,7 +362,8 @@ class LaunchSession:
         if trainer is None or not self.samplers:
             return []
         done = _batches_done_in_epoch(trainer)
-        return [s.worker_base_state(done) for s in self.samplers]
+        closed = self.epoch_closed()
+        return [s.worker_base_state(done, epoch_closed=closed) for s in self.samplers]
 
     def epoch_closed(self) -> bool:
         """Whether the training batches done so far end the epoch (a resume then starts
@@ -880,12 +885,20 @@ EPOCH_START_NOTE = (
 """Said once per attempt, on rank zero, where the script has such hooks."""
 
 PERSISTENT_WORKERS_NOTE = (
-    "DataLoader(persistent_workers=True): a resume continues at the exact batch, but "
-    "random draws inside the loader's workers (augmentations in the dataset) start afresh, "
-    "because those workers keep their generators from epoch to epoch; with "
-    "persistent_workers=False the launcher replays them"
+    "DataLoader(persistent_workers=True) over a stream or with in_order=False: a resume "
+    "continues at the exact batch, but random draws inside the loader's workers "
+    "(augmentations in the dataset) start afresh, because those workers keep their "
+    "generators from epoch to epoch; with persistent_workers=False the launcher replays them"
 )
-"""Said under the launcher for each training loader with persistent workers."""
+"""Said under the launcher for each training loader whose persistent workers' draws a
+resume does not replay."""
+PERSISTENT_RELOAD_NOTE = (
+    "DataLoader(persistent_workers=True) with reload_dataloaders_every_n_epochs: a resume "
+    "continues at the exact batch, but inside an epoch that reloaded the loaders, random "
+    "draws inside their workers (augmentations) start afresh until the next epoch (Lightning "
+    "has those workers prefetch batches it then discards)"
+)
+"""Said under the launcher for a reloaded training loader with persistent workers."""
 
 
 def time_limit(trainer: pl.Trainer) -> tuple[float, float] | None:

@@ -35,10 +35,12 @@ dropped batches are loaded, not trained on.
 With DataLoader workers, randomness drawn inside them (augmentations) is replayed too
 (:class:`WorkerReplayingLoader`, and the stream loader likewise): each iterator's base
 seed is drawn again from the generator state its checkpoint kept, and the workers load
-the batches already done before the first one Lightning sees. Persistent workers are not
-replayed. A resumed Lightning creates the epoch's iterator before it sets the samplers'
-epoch, and workers draw indices as soon as they start, so the sampler sets the epoch
-itself (a ``DistributedSampler`` ordered the resumed epoch as epoch 0's otherwise).
+the batches already done before the first one Lightning sees. Persistent workers keep
+their generators from pass to pass: each reports them with every batch, each pass keeps
+them as it began, and a resume starts its workers there. A resumed Lightning creates
+the epoch's iterator before it sets the samplers' epoch, and workers draw indices as
+soon as they start, so the sampler sets the epoch itself (a ``DistributedSampler``
+ordered the resumed epoch as epoch 0's otherwise).
 
 Left alone: loaders that are not a plain ``torch.utils.data.DataLoader`` (they may be
 stateful already, like torchdata's ``StatefulDataLoader`` or
@@ -73,6 +75,9 @@ class _Pass:
     yielded: int = 0
     base_state: torch.Tensor | None = None
     """The generator state the pass's loader iterator drew its workers' base seed from."""
+    worker_states: list[dict[str, Any] | None] | None = None
+    """Persistent workers: each worker's generators as the pass began (``None`` for one
+    still as its base seed left it); ``None`` where the pass began with fresh workers."""
     finished: bool = False
     """Every batch of the pass was yielded (a shorter loader Lightning cycles)."""
 
@@ -104,11 +109,21 @@ class ResumingBatchSampler:
         self.next_base_state: torch.Tensor | None = None
         """Set by :class:`WorkerReplayingLoader` before each iterator: its base seed's
         generator state, kept with the pass that iterator runs."""
+        self.next_worker_states: list[dict[str, Any] | None] | None = None
+        """Set likewise for persistent workers: their generators as the pass begins."""
+        self._pending_workers: list[dict[str, Any] | None] | None = None
         self._order_generator: torch.Generator | None = None
         """The generator this sampler last lent the ``RandomSampler`` (not the script's)."""
         self.replaying = False
         """Set by :class:`WorkerReplayingLoader`: yield the batches a resume skips too (it
         drops them after its workers have loaded them)."""
+        self.handed_out = 0
+        """Batches of the last pass handed to its iterator (the dropped ones too)."""
+        self.handed_all = False
+        """The last pass handed out its last batch."""
+        self.worker_log: _PersistentWorkerLog | None = None
+        """Set by :class:`WorkerReplayingLoader` with persistent workers: what they
+        reported."""
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -130,7 +145,7 @@ class ResumingBatchSampler:
         if state.get("state_version") != STATE_VERSION:
             return
         self._pending = dict(state, resumed_world=max(int(world_size), 1))
-        self._pending_base = base_state if isinstance(base_state, torch.Tensor) else None
+        self._pending_base, self._pending_workers = _split_worker_state(base_state)
         self.epoch = int(state.get("epoch", 0))
 
     def _holder(self, batches_done: int) -> _Pass | None:
@@ -140,14 +155,38 @@ class ResumingBatchSampler:
             return None
         return next((p for p in reversed(self._passes) if p.before <= batches_done), None)
 
-    def worker_base_state(self, batches_done: int) -> torch.Tensor | None:
+    def worker_base_state(
+        self, batches_done: int, *, epoch_closed: bool = False
+    ) -> torch.Tensor | dict[str, Any] | None:
         """The generator state the iterator of the pass holding the next batch drew its
-        workers' base seed from (``None`` without workers), for the checkpoint."""
+        workers' base seed from (``None`` without workers), for the checkpoint; with
+        persistent workers, ``{"base": state, "workers": [...]}`` adds each worker's
+        generators as the pass began, or where ``epoch_closed`` as it ended (the next
+        pass begins there)."""
         holder = self._holder(int(batches_done))
-        if holder is not None:
+        if holder is None:
+            # as :meth:`position`: the pass under way (saved after its epoch was counted)
+            holder = self._passes[-1] if self._passes else None
+        if holder is None or holder.base_state is None:
+            return None
+        if epoch_closed and self.worker_log is not None:
+            now = self.worker_log.states_now(self)
+            if now is None:
+                return None
+            return {"base": holder.base_state, "workers": now, "closed": True}
+        if holder.worker_states is None:
             return holder.base_state
-        # as :meth:`position`: the pass under way (saved after its epoch was counted)
-        return self._passes[-1].base_state if self._passes else None
+        return {"base": holder.base_state, "workers": list(holder.worker_states)}
+
+    def closed_worker_states(self) -> tuple[torch.Tensor, list[dict[str, Any] | None]] | None:
+        """(base seed's generator state, persistent workers' generators) where the
+        pending resume starts after a closed epoch's pass that kept them."""
+        pending = self._pending
+        if pending is None or not pending.get("closed"):
+            return None
+        if self._pending_base is None or self._pending_workers is None:
+            return None
+        return self._pending_base, self._pending_workers
 
     def _resolve(self, pending: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int, int]:
         """(the position a new pass resumes at or ``None``, batches it skips, training
@@ -166,17 +205,20 @@ class ResumingBatchSampler:
             math.ceil(int(pending.get("before", 0)) * scale),
         )
 
-    def worker_replay(self) -> tuple[torch.Tensor, int] | None:
-        """(base seed's generator state, batches to load and drop) when the next pass
-        resumes one a checkpoint recorded with its workers' base seed; ``None`` otherwise.
-        Reads the pending resume without taking it."""
+    def worker_replay(
+        self,
+    ) -> tuple[torch.Tensor, int, list[dict[str, Any] | None] | None] | None:
+        """(base seed's generator state, batches to load and drop, persistent workers'
+        generators as the pass began or ``None``) when the next pass resumes one a
+        checkpoint recorded with its workers' base seed; ``None`` otherwise. Reads the
+        pending resume without taking it."""
         base = self._pending_base
         if base is None:
             return None
         pending, skip, _ = self._resolve(self._pending)
         if pending is None or skip >= len(self.inner):
             return None
-        return base, skip
+        return base, skip, self._pending_workers
 
     def position(
         self, batches_done: int, world_size: int, *, epoch_closed: bool = False
@@ -206,9 +248,11 @@ class ResumingBatchSampler:
 
     def __iter__(self) -> Iterator[Any]:
         pending, self._pending = self._pending, None
-        self._pending_base = None
+        self._pending_base, self._pending_workers = None, None
         base_state, self.next_base_state = self.next_base_state, None
+        worker_states, self.next_worker_states = self.next_worker_states, None
         replaying, self.replaying = self.replaying, False
+        self.handed_out, self.handed_all = 0, False
         epoch = self._epoch()
         if self._current_epoch is not None and getattr(self.sampler, "epoch", epoch) != epoch:
             # A resumed Lightning creates the epoch's iterator before it sets the samplers'
@@ -239,8 +283,10 @@ class ResumingBatchSampler:
                 # loader Lightning cycles): end this pass at once, so that Lightning
                 # starts the next as the uninterrupted run did (a new iterator, which
                 # draws its base seed, then this sampler's order).
-                ended = _Pass(before + skip, skip, self.seed, base_state=base_state, finished=True)
+                ended = _Pass(before + skip, skip, self.seed, base_state=base_state,
+                              worker_states=worker_states, finished=True)  # fmt: skip
                 self._passes.append(ended)
+                self.handed_all = True
                 return
             if skip >= len(self.inner):
                 # Saved after the epoch's last batch (no Trainer epoch to tell): the next
@@ -251,7 +297,13 @@ class ResumingBatchSampler:
         elif shuffled:
             # exactly what RandomSampler.__iter__ draws when it has no generator
             self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        this_pass = _Pass(before=before + skip, start=skip, seed=self.seed, base_state=base_state)
+        this_pass = _Pass(
+            before=before + skip,
+            start=skip,
+            seed=self.seed,
+            base_state=base_state,
+            worker_states=worker_states,
+        )
         self._passes.append(this_pass)
         order: torch.Generator | None = None
         if shuffled and self.seed is not None:
@@ -262,10 +314,12 @@ class ResumingBatchSampler:
             for index, batch in enumerate(self.inner):
                 if index >= skip:
                     this_pass.yielded += 1
+                    self.handed_out += 1
                     yield batch
                 elif replaying:
+                    self.handed_out += 1
                     yield batch  # loaded by the workers, dropped by the loader
-            this_pass.finished = True
+            this_pass.finished = self.handed_all = True
         finally:
             if order is not None and isinstance(self.sampler, RandomSampler):
                 if self.sampler.generator is order:  # not a later pass's
@@ -305,9 +359,11 @@ class ResumingStreamLoader(DataLoader):  # type: ignore[type-arg]
             self._pending = dict(state)
             self._pending_base = base_state if isinstance(base_state, torch.Tensor) else None
 
-    def worker_base_state(self, batches_done: int) -> torch.Tensor | None:
+    def worker_base_state(
+        self, batches_done: int, *, epoch_closed: bool = False
+    ) -> torch.Tensor | None:
         """The generator state this epoch's workers were seeded from, for the checkpoint."""
-        del batches_done
+        del batches_done, epoch_closed
         return self._base_state
 
     def position(
@@ -361,21 +417,29 @@ class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
     returned, which drops them: the augmentations from the first resumed batch on are
     the uninterrupted run's, at the cost of loading the skipped batches again.
 
-    Persistent workers (``persistent_workers=True``) are left as they are: they keep
-    their generators across epochs, which a resume cannot rebuild without replaying
-    every epoch before.
+    Persistent workers (``persistent_workers=True``) keep their generators from pass to
+    pass, so a pass's draws depend on every batch its workers loaded before. Each worker
+    reports its generators with every batch it loads (:class:`_ReportingCollate`, taken
+    off the batch before Lightning sees it), and each pass keeps the workers' generators
+    as it began. A resume starts new workers from the same base seed, sets each one's
+    generators to those the pass began with (:class:`_RestoringWorkerInit`), and drops
+    the batches done as above. A pass that began after one left before its end (in an
+    epoch that reloads the loaders, Lightning's first iterator only prefetches) began
+    where no batch reported: it is not replayed.
     """
+
+    _creation_base: torch.Tensor | None = None
+    """Persistent workers: the generator state their base seed was drawn from."""
+    _open: _ReportingIterator | None = None
 
     def __iter__(self) -> Any:
         sampler = self.batch_sampler
-        if (
-            not isinstance(sampler, ResumingBatchSampler)
-            or self.num_workers == 0
-            or self.persistent_workers
-        ):
+        if not isinstance(sampler, ResumingBatchSampler) or self.num_workers == 0:
             return super().__iter__()
+        if self.persistent_workers:
+            return self._persistent_iter(sampler)
         replay = sampler.worker_replay()
-        base_state, drop = replay if replay is not None else (None, 0)
+        base_state, drop = (replay[0], replay[1]) if replay is not None else (None, 0)
         sampler.replaying = replay is not None
         # the sampler reads the state when the iterator first draws its indices, inside
         sampler.next_base_state = base_state if base_state is not None else _seed_source(self)
@@ -383,6 +447,166 @@ class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
         for _ in range(drop):
             next(iterator)
         return iterator
+
+    def _persistent_iter(self, sampler: ResumingBatchSampler) -> Any:
+        """A pass over persistent workers: new ones (the first, or a resumed, pass) start
+        from the checkpoint's generators; later passes record theirs as they begin."""
+        drop = 0
+        log = sampler.worker_log
+        if log is None:
+            log = sampler.worker_log = _PersistentWorkerLog(self.num_workers)
+        if getattr(self, "_iterator", None) is None:
+            replay = sampler.worker_replay()
+            base_state, drop, restored = replay if replay is not None else (None, 0, None)
+            sampler.replaying = replay is not None
+            after_closed = sampler.closed_worker_states()
+            if replay is None and after_closed is not None:
+                base_state, restored = after_closed  # a new pass, where the closed one ended
+            self._creation_base = base_state if base_state is not None else _seed_source(self)
+            log.start_workers(restored)
+            sampler.next_base_state = self._creation_base
+            sampler.next_worker_states = log.states_now(sampler)
+            own_init = self.worker_init_fn
+            if restored:
+                self.worker_init_fn = _RestoringWorkerInit(own_init, restored)
+            try:
+                iterator, _ = _iterator_seeded_from(self, base_state)
+            finally:
+                self.worker_init_fn = own_init
+        else:
+            states = log.states_now(sampler)
+            sampler.next_base_state = None if states is None else self._creation_base
+            sampler.next_worker_states = states
+            iterator = DataLoader.__iter__(self)
+        log.received = 0
+        self._open = _ReportingIterator(iterator, log)
+        for _ in range(drop):
+            next(self._open)
+        return self._open
+
+
+_UNSEEN: Any = object()
+
+
+class _PersistentWorkerLog:
+    """What persistent workers reported: each one's generators after its last batch
+    seen, and the batches of the current pass taken from them.
+
+    Held by the loader's batch sampler and its iterators, never pointing back at either:
+    a reference cycle through the loader would keep its workers alive past the script's
+    end (joined at exit, never told to stop)."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.known: dict[int, dict[str, Any] | None] = {}
+        """Per worker, its generators (``None``: as its base seed left them); a worker
+        missing is one that loaded batches nobody saw."""
+        self.received = 0
+
+    def start_workers(self, restored: list[dict[str, Any] | None] | None) -> None:
+        """New workers: as their base seed leaves them, or as ``restored`` sets them."""
+        self.known = {worker: None for worker in range(self.workers)}
+        for worker, state in enumerate(restored or []):
+            if worker < self.workers and state is not None:
+                self.known[worker] = state
+        self.received = 0
+
+    def states_now(self, sampler: ResumingBatchSampler) -> list[dict[str, Any] | None] | None:
+        """Each worker's generators now, where every batch the sampler handed out was
+        seen; ``None`` where a worker loaded batches no one saw."""
+        if self.received != sampler.handed_out or not sampler.handed_all:
+            if sampler.handed_out or sampler.handed_all:  # a pass began and was left
+                self.known.clear()
+        states = [self.known.get(w, _UNSEEN) for w in range(self.workers)]
+        return None if any(state is _UNSEEN for state in states) else states
+
+
+class _WithWorkerState:
+    """A batch as a persistent worker made it, with the worker's generators after it."""
+
+    def __init__(self, batch: Any, worker: int, rng: dict[str, Any]) -> None:
+        self.batch, self.worker, self.rng = batch, worker, rng
+
+    def pin_memory(self) -> _WithWorkerState:
+        """What ``pin_memory=True`` calls: the batch pinned, as PyTorch would pin it."""
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return _WithWorkerState(pin_memory(self.batch), self.worker, self.rng)
+
+
+class _ReportingCollate:
+    """The loader's ``collate_fn``, and in a worker the worker's generators after it."""
+
+    def __init__(self, inner: Callable[[Any], Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, samples: Any) -> Any:
+        batch = self.inner(samples)
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return batch
+        from lightning_srifty.capture.checkpointing import capture_rng_state
+
+        return _WithWorkerState(batch, int(info.id), capture_rng_state())
+
+
+class _RestoringWorkerInit:
+    """A worker's ``worker_init_fn`` that then sets the worker's generators to those a
+    checkpoint kept (after the script's own: its seeding ran in the run recorded too)."""
+
+    def __init__(
+        self, inner: Callable[[int], Any] | None, states: list[dict[str, Any] | None]
+    ) -> None:
+        self.inner, self.states = inner, states
+
+    def __call__(self, worker_id: int) -> None:
+        if self.inner is not None:
+            self.inner(worker_id)
+        state = self.states[worker_id] if worker_id < len(self.states) else None
+        if state is not None:
+            from lightning_srifty.capture.checkpointing import restore_rng_state
+
+            restore_rng_state(state)
+
+
+class _ReportingIterator:
+    """A persistent-worker iterator that takes each worker's report off its batch."""
+
+    def __init__(self, inner: Any, log: _PersistentWorkerLog) -> None:
+        self._inner, self._log = inner, log
+
+    def __iter__(self) -> _ReportingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._inner)
+        # counted, not told by StopIteration: Lightning stops at an epoch's known length
+        self._log.received += 1
+        if isinstance(item, _WithWorkerState):
+            self._log.known[item.worker] = item.rng
+            return item.batch
+        return item
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _split_worker_state(
+    saved: Any,
+) -> tuple[torch.Tensor | None, list[dict[str, Any] | None] | None]:
+    """(base seed's generator state, persistent workers' generators) from what
+    :meth:`ResumingBatchSampler.worker_base_state` saved."""
+    if isinstance(saved, torch.Tensor):
+        return saved, None
+    if isinstance(saved, dict) and isinstance(saved.get("base"), torch.Tensor):
+        workers = saved.get("workers")
+        if isinstance(workers, list) and all(w is None or isinstance(w, dict) for w in workers):
+            return saved["base"], workers
+        return saved["base"], None
+    return None, None
 
 
 def _seed_source(loader: DataLoader) -> torch.Tensor:  # type: ignore[type-arg]
@@ -453,8 +677,23 @@ def make_resumable(
     sampler = loader.batch_sampler.sampler
     if isinstance(sampler, RandomSampler) and sampler.generator is not None:
         return None  # the user seeds it: its order already repeats
+    kwargs = _loader_kwargs(loader)
+    if replays_persistent_workers(loader):
+        kwargs["collate_fn"] = _ReportingCollate(loader.collate_fn)
     return WorkerReplayingLoader(
         loader.dataset,
         batch_sampler=ResumingBatchSampler(loader.batch_sampler, current_epoch),
-        **_loader_kwargs(loader),
+        **kwargs,
+    )
+
+
+def replays_persistent_workers(loader: DataLoader) -> bool:  # type: ignore[type-arg]
+    """Whether a rebuilt ``loader``'s persistent workers replay their draws on a resume:
+    map-style data, handed out in order (``in_order=False`` hands batches to whichever
+    worker is free)."""
+    return (
+        loader.num_workers > 0
+        and loader.persistent_workers
+        and not isinstance(loader.dataset, IterableDataset)
+        and bool(getattr(loader, "in_order", True))
     )

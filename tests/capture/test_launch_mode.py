@@ -452,26 +452,70 @@ def test_a_run_continued_past_its_target_keeps_each_epochs_order(
 
 
 class _PersistentWorkers(_AugmentedInWorkers):
+    """Augmenting workers that persist from epoch to epoch; ``in_order=False`` hands
+    each batch to whichever worker is free, ``pin_memory`` pins what they made."""
+
+    def __init__(self, workers: int, in_order: bool = True, pin_memory: bool = False) -> None:
+        super().__init__(workers)
+        self.in_order, self.pin_memory = in_order, pin_memory
+
     def train_dataloader(self) -> object:
         from torch.utils.data import DataLoader
 
         kept = {"persistent_workers": True, "multiprocessing_context": "forkserver"}
-        return DataLoader(_Augmenting(), batch_size=16, shuffle=True, num_workers=1, **kept)
+        return DataLoader(_Augmenting(), batch_size=16, shuffle=True, num_workers=self.workers,
+                          in_order=self.in_order, pin_memory=self.pin_memory,
+                          **kept)  # fmt: skip
 
 
-@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-epoch"])
-def test_a_loader_whose_workers_persist_is_told_their_draws_are_not_replayed(
-    persistent: bool,
+@pytest.mark.parametrize(
+    ("stops", "pin_memory", "reload_every"),
+    [((25,), False, 0), ((20, 27), True, 0), ((13,), False, 2)],
+    ids=["inside-the-third-epoch", "epoch-end-then-inside-pinned", "reloaded-between-reloads"],
+)
+def test_persistent_workers_resume_the_draws_they_carried_from_earlier_epochs(
+    stops: tuple[int, ...],
+    pin_memory: bool,
+    reload_every: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Persistent workers seed their generators once and carry them from epoch to epoch:
+    a resume started new workers from a new base seed, so every augmentation after it
+    differed (measured: from the first resumed batch on). Each worker now reports its
+    generators with its batches, and a resume starts its workers from those the pass
+    began with. Two workers, epochs of 10 batches; in the third case the loader is
+    rebuilt every 2 epochs (resumed in epoch 1, whose pass began on epoch 0's workers)."""
+
+    def fit(steps: int, store: Path) -> dict[int, str]:
+        pl.seed_everything(0, workers=True)
+        module = _PersistentWorkers(2, pin_memory=pin_memory)
+        return _fit_module(module, steps, store, monkeypatch, reload_every=reload_every)
+
+    whole = fit(35, tmp_path / "whole")
+    split: dict[int, str] = {}
+    for stop in (*stops, 35):
+        part = fit(stop, tmp_path / "split")
+        assert sorted(part) == list(range(len(split) + 1, stop + 1))
+        split.update(part)
+    assert split == whole
+
+
+@pytest.mark.parametrize(
+    ("in_order", "told"), [(True, False), (False, True)], ids=["in-order", "any-order"]
+)
+def test_persistent_workers_whose_draws_cannot_replay_are_told_so(
+    in_order: bool,
+    told: bool,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Persistent workers carry their generators from epoch to epoch, which a resume
-    cannot rebuild: the attempt's log says so; workers started per epoch are replayed."""
-    module = _PersistentWorkers(1) if persistent else _AugmentedInWorkers(1)
-    _fit_module(module, 3, tmp_path / "store", monkeypatch)
+    """With ``in_order=False`` no two runs hand out batches alike: the attempt's log
+    says the workers' draws start afresh on a resume; in order, they replay."""
+    _fit_module(_PersistentWorkers(1, in_order=in_order), 3, tmp_path / "store", monkeypatch)
     said = capsys.readouterr().err
-    assert ("DataLoader(persistent_workers=True): a resume continues" in said) == persistent
+    assert ("DataLoader(persistent_workers=True) over a stream" in said) == told
 
 
 class _CountsEpochs(_Shuffled):
@@ -688,8 +732,9 @@ def test_ranks_told_of_a_preemption_inside_a_cycle_save_together_at_its_optimize
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "persistent"])
 def test_ranks_whose_workers_augment_resume_each_ranks_draws_after_a_preemption(
-    tmp_path: Path,
+    persistent: bool, tmp_path: Path
 ) -> None:
     """Two DDP processes seeded apart, each loading its batches in two workers that draw
     a random shift per sample: rank 1 is preempted inside its 7th batch (the second
@@ -697,10 +742,12 @@ def test_ranks_whose_workers_augment_resume_each_ranks_draws_after_a_preemption(
     does. Measured before: the resumed epoch's workers took the indices of epoch 0's
     order (a resumed Lightning creates the iterator, whose workers start drawing at once,
     before it sets the sampler's epoch), and their augmentations came from a new base
-    seed."""
+    seed. Persistent workers carry their generators from epoch 0 into the resumed epoch:
+    each rank's are restored from its own report."""
+    more = ("--persistent",) if persistent else ()
     newest, whole, split = _preempted_then_resumed(
         tmp_path, 7, "--sigterm-rank", "1", "--accumulate", "1", "--augment-workers", "2",
-        processes=2, sleep_s=0.25, target=20,
+        *more, processes=2, sleep_s=0.25, target=20,
     )  # fmt: skip
     assert 7 <= newest.step < 20 and newest.step % 5 != 0, newest.step  # inside an epoch
     assert split == whole

@@ -16,13 +16,14 @@ epochs and 3 from the third; ``--swa-from E`` adds Lightning's
 on the validation loss. ``--augment-workers N`` loads the batches in N DataLoader workers
 (from a fork server), each sample with a random shift drawn there, and seeds each rank apart (rank
 ``r`` from seed ``r``), so every rank's workers draw from a base seed of their own.
-``--reload-every N`` sets ``reload_dataloaders_every_n_epochs``; each build then trains
-on a random 128 of the 160 samples, drawn from the global generator (ranks seeded apart
-as for ``--augment-workers``, so every rank draws a subset of its own).
+``--persistent`` keeps those workers from epoch to epoch. ``--reload-every N`` sets
+``reload_dataloaders_every_n_epochs``; each build then trains on a random 128 of the 160
+samples, drawn from the global generator (ranks seeded apart as for
+``--augment-workers``, so every rank draws a subset of its own).
 
     python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K | --schedule]
                            [--swa-from E] [--plateau] [--augment-workers N]
-                           [--reload-every N]
+                           [--persistent] [--reload-every N]
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ class Accumulating(pl.LightningModule):
         plateau: bool = False,
         workers: int = 0,
         subsets: bool = False,
+        persistent: bool = False,
     ) -> None:
         super().__init__()
         self.sigterm_at, self.sigterm_rank, self.plateau = sigterm_at, sigterm_rank, plateau
-        self.workers, self.subsets = workers, subsets
+        self.workers, self.subsets, self.persistent = workers, subsets, persistent
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
                                        torch.nn.Linear(16, 2))  # fmt: skip
 
@@ -75,7 +77,8 @@ class Accumulating(pl.LightningModule):
             shifted = Shifted(x, y)
             context = "forkserver"
             return DataLoader(shifted, batch_size=16, shuffle=True, num_workers=self.workers,
-                              multiprocessing_context=context)  # fmt: skip
+                              multiprocessing_context=context,
+                              persistent_workers=self.persistent)  # fmt: skip
         return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
 
     def val_dataloader(self) -> Any:
@@ -118,6 +121,7 @@ def main() -> None:
     parser.add_argument("--schedule", action="store_true")
     parser.add_argument("--plateau", action="store_true")
     parser.add_argument("--augment-workers", type=int, default=0)
+    parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--reload-every", type=int, default=0)
     args = parser.parse_args()
     apart = args.augment_workers or args.reload_every
@@ -135,7 +139,8 @@ def main() -> None:
                enable_model_summary=False, reload_dataloaders_every_n_epochs=args.reload_every,
                callbacks=callbacks,
                ).fit(Accumulating(args.sigterm_at, args.sigterm_rank, args.plateau,
-                                  args.augment_workers, args.reload_every > 0))  # fmt: skip
+                                  args.augment_workers, args.reload_every > 0,
+                                  args.persistent))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -242,3 +242,47 @@ def test_a_pass_a_resume_ended_at_once_still_counts_its_batches() -> None:
     torch.set_rng_state(rng)
     next(again)
     assert _sampler(resumed[1]).position(7, world_size=1) == uninterrupted
+
+
+def _persistent(epoch: list[int]) -> DataLoader:
+    loader = make_resumable(
+        DataLoader(_Noisy(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
+                   multiprocessing_context="forkserver"),
+        lambda: epoch[0],
+    )  # fmt: skip
+    assert loader is not None
+    return loader
+
+
+def test_persistent_workers_resume_with_the_draws_they_carried_from_the_epoch_before() -> None:
+    """Persistent workers keep their generators from epoch to epoch: a resume inside the
+    second epoch starts its workers from the generators they reported as it began."""
+    torch.manual_seed(0)
+    epoch = [0]
+    uninterrupted = _persistent(epoch)
+    first = [b.tolist() for b in uninterrupted]
+    epoch[0] = 1
+    batches = iter(uninterrupted)
+    done = [next(batches).tolist() for _ in range(3)]
+    sampler = _sampler(uninterrupted)
+    state, base = sampler.position(3, world_size=1), sampler.worker_base_state(3)
+    rest = [b.tolist() for b in batches]
+    assert isinstance(base, dict) and len(base["workers"]) == 2
+    torch.manual_seed(1)  # elsewhere, as a new process's generator is
+    resumed = _persistent(epoch)
+    _sampler(resumed).resume(state, world_size=1, base_state=base)
+    again = [b.tolist() for b in resumed]
+    assert len(first) == BATCHES and len(done) == 3
+    assert again == rest
+
+
+def test_a_pass_left_before_its_end_leaves_the_next_one_without_a_replay() -> None:
+    """Workers left with batches loaded that nobody took advanced their generators
+    unseen: the next pass on them keeps no state, so a resume does not replay it."""
+    epoch = [0]
+    loader = _persistent(epoch)
+    batches = iter(loader)
+    next(batches)  # the rest of the pass is prefetched, then dropped
+    epoch[0] = 1
+    next(iter(loader))
+    assert _sampler(loader).worker_base_state(1) is None

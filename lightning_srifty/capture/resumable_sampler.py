@@ -52,15 +52,25 @@ ahead before a resume restores the generators.
 
 from __future__ import annotations
 
+import array
 import math
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 STATE_VERSION = 1
+
+RawRngState = tuple[bytes, tuple[str, bytes, int, int, float], tuple[int, bytes, Any]]
+"""A worker's generators as plain bytes (torch; numpy; ``random``): a few microseconds
+to take and to send with each batch, where tensors would each pass through shared memory
+(measured: 0.12 ms to unpickle the dict form in the training process, per batch)."""
+WorkerRng = RawRngState | dict[str, Any]
+"""A worker's generators: as it sent them, or as a checkpoint keeps them."""
 
 
 @dataclass
@@ -75,7 +85,7 @@ class _Pass:
     yielded: int = 0
     base_state: torch.Tensor | None = None
     """The generator state the pass's loader iterator drew its workers' base seed from."""
-    worker_states: list[dict[str, Any] | None] | None = None
+    worker_states: list[WorkerRng | None] | None = None
     """Persistent workers: each worker's generators as the pass began (``None`` for one
     still as its base seed left it); ``None`` where the pass began with fresh workers."""
     finished: bool = False
@@ -109,7 +119,7 @@ class ResumingBatchSampler:
         self.next_base_state: torch.Tensor | None = None
         """Set by :class:`WorkerReplayingLoader` before each iterator: its base seed's
         generator state, kept with the pass that iterator runs."""
-        self.next_worker_states: list[dict[str, Any] | None] | None = None
+        self.next_worker_states: list[WorkerRng | None] | None = None
         """Set likewise for persistent workers: their generators as the pass begins."""
         self._pending_workers: list[dict[str, Any] | None] | None = None
         self._order_generator: torch.Generator | None = None
@@ -173,10 +183,10 @@ class ResumingBatchSampler:
             now = self.worker_log.states_now(self)
             if now is None:
                 return None
-            return {"base": holder.base_state, "workers": now, "closed": True}
+            return {"base": holder.base_state, "workers": _saved(now), "closed": True}
         if holder.worker_states is None:
             return holder.base_state
-        return {"base": holder.base_state, "workers": list(holder.worker_states)}
+        return {"base": holder.base_state, "workers": _saved(holder.worker_states)}
 
     def closed_worker_states(self) -> tuple[torch.Tensor, list[dict[str, Any] | None]] | None:
         """(base seed's generator state, persistent workers' generators) where the
@@ -488,6 +498,40 @@ class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
 _UNSEEN: Any = object()
 
 
+def _raw_rng_state() -> RawRngState:
+    """This process's generators as :data:`RawRngState`."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return (
+        torch.get_rng_state().numpy().tobytes(),
+        (str(kind), np.asarray(keys, dtype=np.uint32).tobytes(), int(pos), int(has_gauss),
+         float(cached)),
+        (int(version), array.array("I", internal).tobytes(), gauss),
+    )  # fmt: skip
+
+
+def rng_state_of(raw: RawRngState | dict[str, Any]) -> dict[str, Any]:
+    """``raw`` in the form the checkpoint keeps (``checkpointing.capture_rng_state``'s);
+    a state already in that form is returned as it is."""
+    if isinstance(raw, dict):
+        return raw
+    from lightning_srifty.capture.checkpointing import RNG_STATE_VERSION
+
+    torch_bytes, (kind, keys, pos, has_gauss, cached), (version, internal, gauss) = raw
+    return {
+        "state_version": RNG_STATE_VERSION,
+        "torch": torch.frombuffer(bytearray(torch_bytes), dtype=torch.uint8),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.frombuffer(keys, dtype=np.uint32).astype(np.int64)),
+            "pos": pos,
+            "has_gauss": has_gauss,
+            "cached": cached,
+        },
+        "python": (version, tuple(array.array("I", internal)), gauss),
+    }
+
+
 class _PersistentWorkerLog:
     """What persistent workers reported: each one's generators after its last batch
     seen, and the batches of the current pass taken from them.
@@ -498,7 +542,7 @@ class _PersistentWorkerLog:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.known: dict[int, dict[str, Any] | None] = {}
+        self.known: dict[int, WorkerRng | None] = {}
         """Per worker, its generators (``None``: as its base seed left them); a worker
         missing is one that loaded batches nobody saw."""
         self.received = 0
@@ -511,7 +555,7 @@ class _PersistentWorkerLog:
                 self.known[worker] = state
         self.received = 0
 
-    def states_now(self, sampler: ResumingBatchSampler) -> list[dict[str, Any] | None] | None:
+    def states_now(self, sampler: ResumingBatchSampler) -> list[WorkerRng | None] | None:
         """Each worker's generators now, where every batch the sampler handed out was
         seen; ``None`` where a worker loaded batches no one saw."""
         if self.received != sampler.handed_out or not sampler.handed_all:
@@ -524,7 +568,7 @@ class _PersistentWorkerLog:
 class _WithWorkerState:
     """A batch as a persistent worker made it, with the worker's generators after it."""
 
-    def __init__(self, batch: Any, worker: int, rng: dict[str, Any]) -> None:
+    def __init__(self, batch: Any, worker: int, rng: RawRngState) -> None:
         self.batch, self.worker, self.rng = batch, worker, rng
 
     def pin_memory(self) -> _WithWorkerState:
@@ -545,9 +589,7 @@ class _ReportingCollate:
         info = torch.utils.data.get_worker_info()
         if info is None:
             return batch
-        from lightning_srifty.capture.checkpointing import capture_rng_state
-
-        return _WithWorkerState(batch, int(info.id), capture_rng_state())
+        return _WithWorkerState(batch, int(info.id), _raw_rng_state())
 
 
 class _RestoringWorkerInit:
@@ -592,6 +634,11 @@ class _ReportingIterator:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _saved(states: list[Any]) -> list[dict[str, Any] | None]:
+    """Persistent workers' generators in the form the checkpoint keeps."""
+    return [None if state is None else rng_state_of(state) for state in states]
 
 
 def _split_worker_state(

@@ -1051,7 +1051,9 @@ class SriftyCallback(pl.Callback):
         shared the cores. A step that blocks (a sleep, a read, a lock) is not denied a
         core while it blocks: CPU seconds per wall second read a 24 ms step that sleeps
         20 ms as 17 % of a core, and the local run was predicted at 10 ms. Where the
-        kernel keeps no such account, the thread's CPU seconds per wall second.
+        kernel keeps no such account, the thread's CPU seconds per wall second. With the
+        account, ``blocked_share`` is the rest of the spans' wall time: the part of a
+        step that shared cores do not lengthen.
         A local run of several processes is predicted from it (the launcher measures the
         share its processes get, :func:`~lightning_srifty.launch.local_backend.
         cpu_share_now`), so a profile taken while others used the cores is not
@@ -1064,10 +1066,15 @@ class SriftyCallback(pl.Callback):
             share = self._compute_oncpu_s / runnable
         else:
             share = self._compute_cpu_s / self._compute_wall_s
-        return {
+        host = {
             "cpu_share": round(share, 4),
             "intra_op_threads": float(torch.get_num_threads()),
         }
+        if runnable > 0.0:
+            # neither on a core nor queued: blocked, which shared cores do not lengthen
+            blocked = max(self._compute_wall_s - runnable, 0.0) / self._compute_wall_s
+            host["blocked_share"] = round(min(blocked, 1.0), 4)
+        return host
 
     def _on_window_done(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Under the launcher's profile mode: checkpoint here, then stop cleanly."""

@@ -37,6 +37,7 @@ from lightning_srifty.core.planner import (
     plan,
     plan_pinned,
     predict_per_step,
+    profile_blocked_share,
     profile_core_share,
     target_steps_at_base,
 )
@@ -939,7 +940,8 @@ def _expectation(
             return Expectation(step, low, high, p.hourly_usd, target, validation_s)
         share = profile_core_share(profile)
         if share is not None:  # a CPU profile: the run's processes share this machine
-            run = on_shared_cores(run, share, *local.core_shares(topology, profile_share=share))
+            shares = local.core_shares(topology, profile_share=share)
+            run = on_shared_cores(run, share, *shares, profile_blocked_share(profile))
         return Expectation(run.step_s, run.low_s, run.high_s, p.hourly_usd, target, validation_s)
     return Expectation(p.step_s, p.step_low_s, p.step_high_s, p.hourly_usd, target, p.validation_s)
 

@@ -33,6 +33,7 @@ from lightning_srifty.core.planner import (
     parse_pinned,
     plan,
     plan_pinned,
+    profile_blocked_share,
     profile_core_share,
     result_to_dict,
     spot_expectations,
@@ -668,6 +669,32 @@ def test_pinning_an_unknown_or_too_small_type_is_refused() -> None:
     huge = make_profile(param_bytes=8 * 1024**3)  # weights, grads, Adam: 32 GiB > 16 GiB
     with pytest.raises(InfeasibleError, match="cannot run this job"):
         plan_pinned(huge, small_catalog(), MODEL, request, (("g4dn.xlarge", 1),))
+
+
+def test_time_a_step_spent_blocked_is_not_lengthened_by_shared_cores() -> None:
+    """Two processes on one core each get half of it; a 24 ms step that sleeps 20 ms
+    computes 4 ms, which takes 8 ms at half a core: 28 ms, not the 48 ms of scaling the
+    sleep too."""
+    pred = _local_prediction(0.024)
+    shared = on_shared_cores(pred, 1.0, 1.0, [0.5, 0.5], blocked_share=20 / 24)
+    assert shared.step_s == pytest.approx(0.028)
+    assert shared.compute_s == pytest.approx(0.028)
+    assert on_shared_cores(pred, 1.0, 1.0, [0.5, 0.5]).step_s == pytest.approx(0.048)
+    # all blocked: nothing to lengthen
+    assert on_shared_cores(pred, 1.0, 1.0, [0.5], blocked_share=1.0).step_s == pytest.approx(0.024)
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [({"cpu_share": 1.0, "blocked_share": 0.25}, 0.25), ({"cpu_share": 1.0}, 0.0),
+     ({"blocked_share": "x"}, 0.0), ({"blocked_share": 1.5}, 1.0), (None, 0.0)],
+)  # fmt: skip
+def test_a_profiles_blocked_share_reads_as_none_where_it_was_not_measured(
+    host: dict[str, object] | None, expected: float
+) -> None:
+    extra = {} if host is None else {"host": host}
+    profile = replace(make_profile(), extra=extra)
+    assert profile_blocked_share(profile) == expected
 
 
 def _local_prediction(step_s: float) -> Prediction:

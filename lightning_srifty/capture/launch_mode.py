@@ -229,8 +229,6 @@ class LaunchSession:
             if rebuilt.num_workers > 0 and rebuilt.persistent_workers and trainer.is_global_zero:
                 if not replays_persistent_workers(rebuilt):
                     print(f"srifty: {PERSISTENT_WORKERS_NOTE}", file=sys.stderr, flush=True)
-                elif _reload_every(trainer) > 0:
-                    print(f"srifty: {PERSISTENT_RELOAD_NOTE}", file=sys.stderr, flush=True)
             # a stream keeps its position itself; a map-style loader in its batch sampler
             position: Any = (
                 rebuilt if isinstance(rebuilt, ResumingStreamLoader) else rebuilt.batch_sampler
@@ -892,13 +890,6 @@ PERSISTENT_WORKERS_NOTE = (
 )
 """Said under the launcher for each training loader whose persistent workers' draws a
 resume does not replay."""
-PERSISTENT_RELOAD_NOTE = (
-    "DataLoader(persistent_workers=True) with reload_dataloaders_every_n_epochs: a resume "
-    "continues at the exact batch, but inside an epoch that reloaded the loaders, random "
-    "draws inside their workers (augmentations) start afresh until the next epoch (Lightning "
-    "has those workers prefetch batches it then discards)"
-)
-"""Said under the launcher for a reloaded training loader with persistent workers."""
 
 
 def time_limit(trainer: pl.Trainer) -> tuple[float, float] | None:

@@ -55,6 +55,7 @@ from __future__ import annotations
 import array
 import math
 import random
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -129,8 +130,6 @@ class ResumingBatchSampler:
         drops them after its workers have loaded them)."""
         self.handed_out = 0
         """Batches of the last pass handed to its iterator (the dropped ones too)."""
-        self.handed_all = False
-        """The last pass handed out its last batch."""
         self.worker_log: _PersistentWorkerLog | None = None
         """Set by :class:`WorkerReplayingLoader` with persistent workers: what they
         reported."""
@@ -180,13 +179,19 @@ class ResumingBatchSampler:
         if holder is None or holder.base_state is None:
             return None
         if epoch_closed and self.worker_log is not None:
-            now = self.worker_log.states_now(self)
-            if now is None:
-                return None
+            now = self.worker_log.states_now()
+            if now is None or not self.worker_log.all_arrived(self):
+                return None  # workers still loading batches past the epoch's end
             return {"base": holder.base_state, "workers": _saved(now), "closed": True}
         if holder.worker_states is None:
             return holder.base_state
         return {"base": holder.base_state, "workers": _saved(holder.worker_states)}
+
+    def forget_worker_states(self, began: list[WorkerRng | None]) -> None:
+        """The pass whose states would be ``began`` keeps none (nothing to replay it)."""
+        for p in self._passes:
+            if p.worker_states is began:
+                p.worker_states, p.base_state = None, None
 
     def closed_worker_states(self) -> tuple[torch.Tensor, list[dict[str, Any] | None]] | None:
         """(base seed's generator state, persistent workers' generators) where the
@@ -262,7 +267,7 @@ class ResumingBatchSampler:
         base_state, self.next_base_state = self.next_base_state, None
         worker_states, self.next_worker_states = self.next_worker_states, None
         replaying, self.replaying = self.replaying, False
-        self.handed_out, self.handed_all = 0, False
+        self.handed_out = 0
         epoch = self._epoch()
         if self._current_epoch is not None and getattr(self.sampler, "epoch", epoch) != epoch:
             # A resumed Lightning creates the epoch's iterator before it sets the samplers'
@@ -296,7 +301,6 @@ class ResumingBatchSampler:
                 ended = _Pass(before + skip, skip, self.seed, base_state=base_state,
                               worker_states=worker_states, finished=True)  # fmt: skip
                 self._passes.append(ended)
-                self.handed_all = True
                 return
             if skip >= len(self.inner):
                 # Saved after the epoch's last batch (no Trainer epoch to tell): the next
@@ -329,7 +333,7 @@ class ResumingBatchSampler:
                 elif replaying:
                     self.handed_out += 1
                     yield batch  # loaded by the workers, dropped by the loader
-            this_pass.finished = self.handed_all = True
+            this_pass.finished = True
         finally:
             if order is not None and isinstance(self.sampler, RandomSampler):
                 if self.sampler.generator is order:  # not a later pass's
@@ -431,11 +435,10 @@ class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
     pass, so a pass's draws depend on every batch its workers loaded before. Each worker
     reports its generators with every batch it loads (:class:`_ReportingCollate`, taken
     off the batch before Lightning sees it), and each pass keeps the workers' generators
-    as it began. A resume starts new workers from the same base seed, sets each one's
-    generators to those the pass began with (:class:`_RestoringWorkerInit`), and drops
-    the batches done as above. A pass that began after one left before its end (in an
-    epoch that reloads the loaders, Lightning's first iterator only prefetches) began
-    where no batch reported: it is not replayed.
+    as it began (batches a new pass discards unseen report too:
+    :class:`_PersistentWorkerLog`). A resume starts new workers from the same base seed,
+    sets each one's generators to those the pass began with
+    (:class:`_RestoringWorkerInit`), and drops the batches done as above.
     """
 
     _creation_base: torch.Tensor | None = None
@@ -475,7 +478,7 @@ class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
             self._creation_base = base_state if base_state is not None else _seed_source(self)
             log.start_workers(restored)
             sampler.next_base_state = self._creation_base
-            sampler.next_worker_states = log.states_now(sampler)
+            sampler.next_worker_states = [log.known.get(w) for w in range(self.num_workers)]
             own_init = self.worker_init_fn
             if restored:
                 self.worker_init_fn = _RestoringWorkerInit(own_init, restored)
@@ -483,13 +486,23 @@ class WorkerReplayingLoader(DataLoader):  # type: ignore[type-arg]
                 iterator, _ = _iterator_seeded_from(self, base_state)
             finally:
                 self.worker_init_fn = own_init
+            log.listen(iterator)
         else:
-            states = log.states_now(sampler)
-            sampler.next_base_state = None if states is None else self._creation_base
-            sampler.next_worker_states = states
+            # The sampler takes the pass's states when the iterator first draws indices,
+            # inside ``__iter__``, after it has received what the workers still had
+            # under way (the last pass's unfinished batches, which advanced their
+            # generators): filled in once it returns, before any new batch is received.
+            began: list[WorkerRng | None] = []
+            sampler.next_base_state = self._creation_base
+            sampler.next_worker_states = began
             iterator = DataLoader.__iter__(self)
-        log.received = 0
-        self._open = _ReportingIterator(iterator, log)
+            states = log.states_now()
+            if states is None:
+                sampler.forget_worker_states(began)
+            else:
+                began.extend(states)
+        log.arrived = 0
+        self._open = _ReportingIterator(iterator)
         for _ in range(drop):
             next(self._open)
         return self._open
@@ -533,19 +546,26 @@ def rng_state_of(raw: RawRngState | dict[str, Any]) -> dict[str, Any]:
 
 
 class _PersistentWorkerLog:
-    """What persistent workers reported: each one's generators after its last batch
-    seen, and the batches of the current pass taken from them.
+    """What persistent workers reported: each one's generators after the last batch it
+    loaded, and how many batches of the current pass arrived.
 
-    Held by the loader's batch sampler and its iterators, never pointing back at either:
-    a reference cycle through the loader would keep its workers alive past the script's
-    end (joined at exit, never told to stop)."""
+    Reports are read where the iterator receives each batch from the workers
+    (``_MultiProcessingDataLoaderIter._get_data``), in each worker's loading order:
+    batches held back for order, and those a new pass discards unseen (the last pass's
+    unfinished ones: Lightning leaves a pass early in an epoch that reloads its loaders,
+    or at ``limit_train_batches``), report too. Held by the loader's batch sampler, and
+    by the iterator only through a weak reference: a reference cycle through the loader
+    or the iterator would keep its workers alive past the script's end (joined at exit,
+    never told to stop)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.known: dict[int, WorkerRng | None] = {}
-        """Per worker, its generators (``None``: as its base seed left them); a worker
-        missing is one that loaded batches nobody saw."""
-        self.received = 0
+        """Per worker, its generators (``None``: as its base seed left them)."""
+        self.arrived = 0
+        """Batches of the current pass received from the workers."""
+        self.listening = False
+        """Whether reports are read (``False`` on a PyTorch whose iterator differs)."""
 
     def start_workers(self, restored: list[dict[str, Any] | None] | None) -> None:
         """New workers: as their base seed leaves them, or as ``restored`` sets them."""
@@ -553,16 +573,43 @@ class _PersistentWorkerLog:
         for worker, state in enumerate(restored or []):
             if worker < self.workers and state is not None:
                 self.known[worker] = state
-        self.received = 0
+        self.arrived = 0
 
-    def states_now(self, sampler: ResumingBatchSampler) -> list[WorkerRng | None] | None:
-        """Each worker's generators now, where every batch the sampler handed out was
-        seen; ``None`` where a worker loaded batches no one saw."""
-        if self.received != sampler.handed_out or not sampler.handed_all:
-            if sampler.handed_out or sampler.handed_all:  # a pass began and was left
-                self.known.clear()
-        states = [self.known.get(w, _UNSEEN) for w in range(self.workers)]
-        return None if any(state is _UNSEEN for state in states) else states
+    def listen(self, iterator: Any) -> None:
+        """Reads every report ``iterator`` receives from its workers."""
+        receive = getattr(type(iterator), "_get_data", None)
+        if receive is None or not callable(receive):
+            self.listening = False
+            return
+        self.listening = True
+        owner = weakref.ref(iterator)
+        known = self.known
+        log = weakref.ref(self)
+
+        def get_data() -> Any:
+            it = owner()
+            received = receive(it)
+            data = received[1] if isinstance(received, tuple) and len(received) == 2 else None
+            if isinstance(data, _WithWorkerState):
+                known[data.worker] = data.rng
+                kept = log()
+                if kept is not None:
+                    kept.arrived += 1
+            return received
+
+        iterator._get_data = get_data
+
+    def states_now(self) -> list[WorkerRng | None] | None:
+        """Each worker's generators as of the batches received (``None`` where reports
+        are not read)."""
+        if not self.listening:
+            return None
+        return [self.known.get(w) for w in range(self.workers)]
+
+    def all_arrived(self, sampler: ResumingBatchSampler) -> bool:
+        """Whether every batch the pass handed out has been received: the workers then
+        have nothing under way."""
+        return self.listening and self.arrived == sampler.handed_out
 
 
 class _WithWorkerState:
@@ -614,20 +661,15 @@ class _RestoringWorkerInit:
 class _ReportingIterator:
     """A persistent-worker iterator that takes each worker's report off its batch."""
 
-    def __init__(self, inner: Any, log: _PersistentWorkerLog) -> None:
-        self._inner, self._log = inner, log
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
 
     def __iter__(self) -> _ReportingIterator:
         return self
 
     def __next__(self) -> Any:
         item = next(self._inner)
-        # counted, not told by StopIteration: Lightning stops at an epoch's known length
-        self._log.received += 1
-        if isinstance(item, _WithWorkerState):
-            self._log.known[item.worker] = item.rng
-            return item.batch
-        return item
+        return item.batch if isinstance(item, _WithWorkerState) else item
 
     def __len__(self) -> int:
         return len(self._inner)

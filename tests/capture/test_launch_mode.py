@@ -470,9 +470,11 @@ class _PersistentWorkers(_AugmentedInWorkers):
 
 @pytest.mark.parametrize(
     ("stops", "pin_memory", "reload_every"),
-    [((25,), False, 0), ((20, 27), True, 0), ((13,), False, 2)],
-    ids=["inside-the-third-epoch", "epoch-end-then-inside-pinned", "reloaded-between-reloads"],
-)
+    [((25,), False, 0), ((20, 27), True, 0), ((13,), False, 2), ((25,), False, 2),
+     ((13,), False, 1)],
+    ids=["inside-the-third-epoch", "epoch-end-then-inside-pinned", "reloaded-between-reloads",
+         "inside-a-reload-epoch", "reloaded-every-epoch"],
+)  # fmt: skip
 def test_persistent_workers_resume_the_draws_they_carried_from_earlier_epochs(
     stops: tuple[int, ...],
     pin_memory: bool,
@@ -484,8 +486,12 @@ def test_persistent_workers_resume_the_draws_they_carried_from_earlier_epochs(
     a resume started new workers from a new base seed, so every augmentation after it
     differed (measured: from the first resumed batch on). Each worker now reports its
     generators with its batches, and a resume starts its workers from those the pass
-    began with. Two workers, epochs of 10 batches; in the third case the loader is
-    rebuilt every 2 epochs (resumed in epoch 1, whose pass began on epoch 0's workers)."""
+    began with. Two workers, epochs of 10 batches; in the last three cases the loader is
+    rebuilt every 2 epochs (resumed in epoch 1, whose pass began on epoch 0's workers,
+    and in epoch 2, a reload epoch) or every epoch. In a reload epoch Lightning leaves
+    its first iterator over the new loader after the workers' prefetch, and the batches
+    they loaded for it are discarded: their draws count too (measured before: from the
+    first resumed batch on)."""
 
     def fit(steps: int, store: Path) -> dict[int, str]:
         pl.seed_everything(0, workers=True)

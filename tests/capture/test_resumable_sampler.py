@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -244,22 +244,38 @@ def test_a_pass_a_resume_ended_at_once_still_counts_its_batches() -> None:
     assert _sampler(resumed[1]).position(7, world_size=1) == uninterrupted
 
 
-def _persistent(epoch: list[int]) -> DataLoader:
-    loader = make_resumable(
-        DataLoader(_Noisy(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True,
-                   multiprocessing_context="forkserver"),
-        lambda: epoch[0],
-    )  # fmt: skip
-    assert loader is not None
-    return loader
+@pytest.fixture
+def persistent() -> Iterator[Callable[[list[int]], DataLoader]]:
+    """Makes launcher loaders over persistent workers (epoch from ``epoch[0]``), whose
+    workers are stopped when the test ends, failed or not: a failure's traceback keeps
+    the loader alive, and workers joined at the interpreter's exit are never told."""
+    made: list[DataLoader] = []
+
+    def make(epoch: list[int]) -> DataLoader:
+        loader = make_resumable(
+            DataLoader(_Noisy(), batch_size=4, shuffle=True, num_workers=2,
+                       persistent_workers=True, multiprocessing_context="forkserver"),
+            lambda: epoch[0],
+        )  # fmt: skip
+        assert loader is not None
+        made.append(loader)
+        return loader
+
+    yield make
+    for loader in made:
+        workers = getattr(loader, "_iterator", None)
+        if workers is not None:
+            workers._shutdown_workers()  # what Lightning does at the end of fit
 
 
-def test_persistent_workers_resume_with_the_draws_they_carried_from_the_epoch_before() -> None:
+def test_persistent_workers_resume_with_the_draws_they_carried_from_the_epoch_before(
+    persistent: Callable[[list[int]], DataLoader],
+) -> None:
     """Persistent workers keep their generators from epoch to epoch: a resume inside the
     second epoch starts its workers from the generators they reported as it began."""
     torch.manual_seed(0)
     epoch = [0]
-    uninterrupted = _persistent(epoch)
+    uninterrupted = persistent(epoch)
     first = [b.tolist() for b in uninterrupted]
     epoch[0] = 1
     batches = iter(uninterrupted)
@@ -269,20 +285,32 @@ def test_persistent_workers_resume_with_the_draws_they_carried_from_the_epoch_be
     rest = [b.tolist() for b in batches]
     assert isinstance(base, dict) and len(base["workers"]) == 2
     torch.manual_seed(1)  # elsewhere, as a new process's generator is
-    resumed = _persistent(epoch)
+    resumed = persistent(epoch)
     _sampler(resumed).resume(state, world_size=1, base_state=base)
     again = [b.tolist() for b in resumed]
     assert len(first) == BATCHES and len(done) == 3
     assert again == rest
 
 
-def test_a_pass_left_before_its_end_leaves_the_next_one_without_a_replay() -> None:
-    """Workers left with batches loaded that nobody took advanced their generators
-    unseen: the next pass on them keeps no state, so a resume does not replay it."""
+def test_a_pass_after_one_left_before_its_end_resumes_with_what_that_one_loaded(
+    persistent: Callable[[list[int]], DataLoader],
+) -> None:
+    """Workers left with batches under way load them before the next pass begins (their
+    generators advance, and PyTorch discards the batches): in an epoch that reloads its
+    loaders Lightning leaves its first iterator after the prefetch. Those batches report
+    too, so a resume inside the next pass starts the workers where they were."""
+    torch.manual_seed(0)
     epoch = [0]
-    loader = _persistent(epoch)
-    batches = iter(loader)
-    next(batches)  # the rest of the pass is prefetched, then dropped
+    uninterrupted = persistent(epoch)
+    next(iter(uninterrupted))  # the rest of the pass is prefetched, then dropped
     epoch[0] = 1
-    next(iter(loader))
-    assert _sampler(loader).worker_base_state(1) is None
+    batches = iter(uninterrupted)
+    done = [next(batches).tolist() for _ in range(3)]
+    sampler = _sampler(uninterrupted)
+    state, base = sampler.position(3, world_size=1), sampler.worker_base_state(3)
+    rest = [b.tolist() for b in batches]
+    assert isinstance(base, dict)
+    torch.manual_seed(1)
+    resumed = persistent(epoch)
+    _sampler(resumed).resume(state, world_size=1, base_state=base)
+    assert len(done) == 3 and [b.tolist() for b in resumed] == rest

@@ -88,7 +88,8 @@ class _Pass:
     """The generator state the pass's loader iterator drew its workers' base seed from."""
     worker_states: list[WorkerRng | None] | None = None
     """Persistent workers: each worker's generators as the pass began (``None`` for one
-    still as its base seed left it); ``None`` where the pass began with fresh workers."""
+    still as its base seed left it); ``None`` for per-epoch workers, or a pass whose
+    workers' generators were not read."""
     finished: bool = False
     """Every batch of the pass was yielded (a shorter loader Lightning cycles)."""
 

@@ -268,6 +268,23 @@ def persistent() -> Iterator[Callable[[list[int]], DataLoader]]:
             workers._shutdown_workers()  # what Lightning does at the end of fit
 
 
+def _split_in_epoch_1(
+    persistent: Callable[[list[int]], DataLoader], uninterrupted: DataLoader, epoch: list[int]
+) -> tuple[list[Any], Any, list[Any], list[Any]]:
+    """Epoch 1 of ``uninterrupted`` checkpointed after 3 batches and resumed on a new
+    loader: (the 3 batches, the saved worker state, the rest, the resumed batches)."""
+    epoch[0] = 1
+    batches = iter(uninterrupted)
+    done = [next(batches).tolist() for _ in range(3)]
+    sampler = _sampler(uninterrupted)
+    state, base = sampler.position(3, world_size=1), sampler.worker_base_state(3)
+    rest = [b.tolist() for b in batches]
+    torch.manual_seed(1)  # elsewhere, as a new process's generator is
+    resumed = persistent(epoch)
+    _sampler(resumed).resume(state, world_size=1, base_state=base)
+    return done, base, rest, [b.tolist() for b in resumed]
+
+
 def test_persistent_workers_resume_with_the_draws_they_carried_from_the_epoch_before(
     persistent: Callable[[list[int]], DataLoader],
 ) -> None:
@@ -277,17 +294,8 @@ def test_persistent_workers_resume_with_the_draws_they_carried_from_the_epoch_be
     epoch = [0]
     uninterrupted = persistent(epoch)
     first = [b.tolist() for b in uninterrupted]
-    epoch[0] = 1
-    batches = iter(uninterrupted)
-    done = [next(batches).tolist() for _ in range(3)]
-    sampler = _sampler(uninterrupted)
-    state, base = sampler.position(3, world_size=1), sampler.worker_base_state(3)
-    rest = [b.tolist() for b in batches]
+    done, base, rest, again = _split_in_epoch_1(persistent, uninterrupted, epoch)
     assert isinstance(base, dict) and len(base["workers"]) == 2
-    torch.manual_seed(1)  # elsewhere, as a new process's generator is
-    resumed = persistent(epoch)
-    _sampler(resumed).resume(state, world_size=1, base_state=base)
-    again = [b.tolist() for b in resumed]
     assert len(first) == BATCHES and len(done) == 3
     assert again == rest
 
@@ -303,14 +311,6 @@ def test_a_pass_after_one_left_before_its_end_resumes_with_what_that_one_loaded(
     epoch = [0]
     uninterrupted = persistent(epoch)
     next(iter(uninterrupted))  # the rest of the pass is prefetched, then dropped
-    epoch[0] = 1
-    batches = iter(uninterrupted)
-    done = [next(batches).tolist() for _ in range(3)]
-    sampler = _sampler(uninterrupted)
-    state, base = sampler.position(3, world_size=1), sampler.worker_base_state(3)
-    rest = [b.tolist() for b in batches]
+    done, base, rest, again = _split_in_epoch_1(persistent, uninterrupted, epoch)
     assert isinstance(base, dict)
-    torch.manual_seed(1)
-    resumed = persistent(epoch)
-    _sampler(resumed).resume(state, world_size=1, base_state=base)
-    assert len(done) == 3 and [b.tolist() for b in resumed] == rest
+    assert len(done) == 3 and again == rest

@@ -115,6 +115,7 @@ from lightning_srifty.core.launch_protocol import (
     ATTACHED_MARKER,
     ENV_PROFILE_PATH,
     ENV_STATE_DIR,
+    MODE_PROFILE,
     SHORT_PROFILE_MARKER,
 )
 from lightning_srifty.core.profile import DataLoading, Environment, GradParam, Profile
@@ -627,7 +628,8 @@ class SriftyCallback(pl.Callback):
             self._training_ended = True  # the script's Trainer stopped, not the window
             self._end_window(trainer, pl_module)
         state_dir = self._env.get(ENV_STATE_DIR)
-        if state_dir and self.written_path is None and trainer.is_global_zero:
+        profiling = self._launch_settings is None or self._launch_settings.mode == MODE_PROFILE
+        if state_dir and profiling and self.written_path is None and trainer.is_global_zero:
             (Path(state_dir) / SHORT_PROFILE_MARKER).write_text(self._too_short(trainer) + "\n")
         if self._session is not None:
             self._session.on_train_end(trainer)

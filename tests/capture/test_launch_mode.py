@@ -61,6 +61,27 @@ def test_train_mode_stops_at_target_and_prints_progress_for_cloud_logs(
     assert refs[0].step == 30 and refs[0].reason == "final"
 
 
+@pytest.mark.parametrize("mode", [proto.MODE_TRAIN, proto.MODE_PROBE])
+def test_a_run_that_is_not_profiling_never_reports_its_profile_too_short(
+    mode: str, digits: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launched run resumes from the profiling run's checkpoint and never writes a
+    profile: the marker the profiling run leaves when training ended before the window
+    once told every finished run's state that it had been cut short."""
+    store = str(tmp_path / "store")
+    profiled = {proto.ENV_MODE: proto.MODE_PROFILE, proto.ENV_CHECKPOINT_URI: store,
+                proto.ENV_STATE_DIR: str(tmp_path / "profile-state"),
+                proto.ENV_PROFILE_PATH: str(tmp_path / "profile.json")}  # fmt: skip
+    _train(digits, tmp_path, profiled, monkeypatch)
+    assert (tmp_path / "profile.json").exists()
+    state = tmp_path / "state"
+    env = {proto.ENV_MODE: mode, proto.ENV_CHECKPOINT_URI: store,
+           proto.ENV_TARGET_STEPS: "12", proto.ENV_STATE_DIR: str(state)}  # fmt: skip
+    _train(digits, tmp_path, env, monkeypatch)
+    assert (state / proto.ATTACHED_MARKER).exists()
+    assert not (state / proto.SHORT_PROFILE_MARKER).exists()
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

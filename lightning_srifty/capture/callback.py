@@ -260,6 +260,8 @@ class SriftyCallback(pl.Callback):
             state["loaders"] = self._session.loader_states()
             # per rank: each rank's workers draw their base seeds from its own generator
             state["worker_bases"] = gather_per_rank(self._session.worker_base_states())
+            # per rank: a script may seed each rank's generator its own way
+            state["script_generators"] = gather_per_rank(self._session.script_generator_states())
             state["epoch_closed"] = self._session.epoch_closed()
             reload_epoch = self._session.reload_epoch()
             if reload_epoch is not None:
@@ -282,6 +284,10 @@ class SriftyCallback(pl.Callback):
         if self._session is not None and isinstance(bases, list) and bases:
             mine = for_this_rank(bases)
             self._session.pending_worker_bases = mine if isinstance(mine, list) else None
+        generators = state_dict.get("script_generators")
+        if self._session is not None and isinstance(generators, list) and generators:
+            mine = for_this_rank(generators)
+            self._session.pending_script_generators = mine if isinstance(mine, list) else None
         reload_epoch = state_dict.get("reload_epoch")
         if self._session is not None and isinstance(reload_epoch, int):
             self._session.restored_reload_epoch = reload_epoch

@@ -20,9 +20,11 @@ Outside the launcher none of this runs. Under it, environment variables (see
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -59,6 +61,7 @@ class LaunchSettings:
     world_size: int | None = None
     job_steps: int | None = None
     job_epochs: float | None = None
+    stall_dump_s: float | None = None
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> LaunchSettings | None:
@@ -86,6 +89,7 @@ class LaunchSettings:
             world_size=_int(env, proto.ENV_WORLD_SIZE) or None,
             job_steps=_int(env, proto.ENV_JOB_STEPS) or None,
             job_epochs=_float(env, proto.ENV_JOB_EPOCHS) or None,
+            stall_dump_s=_float(env, proto.ENV_STALL_DUMP_S),
         )
 
 
@@ -113,6 +117,8 @@ class LaunchSession:
         self._train_started_at: float | None = None
         self._validation_from: float | None = None
         self._last_heartbeat = 0.0
+        self._stall_dump_armed_at: float | None = None
+        """When the stall dump's timer was last restarted (``None``: not armed)."""
         self._validation_s = 0.0
         """Wall time of this attempt's validation passes: not part of any step."""
         self._validation_s_at_report = 0.0
@@ -122,6 +128,10 @@ class LaunchSession:
         self.restored_steps: int | None = None
         """What the restored checkpoint counted (set by the callback's state)."""
         self._undo_workers: Callable[[], None] | None = None
+        self._undo_quiet: Callable[[], None] | None = None
+        self._iterate_again = False
+        """The resumed epoch is a reload epoch after an epoch-end checkpoint: make the
+        iterator Lightning makes at an unresumed reload epoch's start."""
         self.exit_pending = False
         """An emergency checkpoint is saved; the process ends at the next hook."""
         self._replay_at_first_batch = False
@@ -146,6 +156,8 @@ class LaunchSession:
         """Where the restored checkpoint's loaders stood (set by the callback's state)."""
         self.pending_worker_bases: list[Any] | None = None
         """This rank's :meth:`worker_base_states` from the checkpoint resumed."""
+        self.pending_script_generators: list[Any] | None = None
+        """This rank's :meth:`script_generator_states` from the checkpoint resumed."""
         self._builds = 0
         """Training-loader builds so far, where the script reloads them."""
         self.restored_reload_epoch: int | None = None
@@ -206,6 +218,7 @@ class LaunchSession:
         from lightning.pytorch.trainer.states import RunningStage
 
         from lightning_srifty.capture.resumable_sampler import (
+            ResumingBatchSampler,
             ResumingStreamLoader,
             make_resumable,
             replays_persistent_workers,
@@ -239,11 +252,25 @@ class LaunchSession:
                 bases = self.pending_worker_bases or []
                 base = bases[index] if index < len(bases) else None
                 position.resume(states[index], int(trainer.world_size), base_state=base)
+                generators = self.pending_script_generators or []
+                if index < len(generators) and isinstance(position, ResumingBatchSampler):
+                    position.restore_script_generators(generators[index])
             self.samplers.append(position)
             return rebuilt
 
         connector._prepare_dataloader = prepare
         self._build_as_uninterrupted(trainer)
+
+    def _every_training_loader_resumes(self, trainer: pl.Trainer) -> bool:
+        """Whether each of the fit's training loaders is one this session rebuilt to
+        resume at its exact batch (a loader it could not rebuild restarts its epoch)."""
+        combined = getattr(trainer.fit_loop, "_combined_loader", None)
+        loaders = list(getattr(combined, "flattened", None) or [])
+        rebuilt = {id(position) for position in self.samplers}
+        return bool(loaders) and all(
+            id(loader) in rebuilt or id(getattr(loader, "batch_sampler", None)) in rebuilt
+            for loader in loaders
+        )
 
     def _build_as_uninterrupted(self, trainer: pl.Trainer) -> None:
         """Has a resumed Lightning build the training loaders as the uninterrupted run's
@@ -278,7 +305,24 @@ class LaunchSession:
             built_in = self.restored_reload_epoch
             epoch = int(trainer.current_epoch)
             if saved is None or built_in is None or not built_in <= epoch < built_in + every:
+                # after an epoch-end checkpoint: the script's build draws from the
+                # generators as that epoch left them (restored before its
+                # ``train_dataloader``, not after, where the loaders are prepared)
+                first, self.before_training_loaders = self.before_training_loaders, None
+                if first is not None:
+                    first()
                 self.build_rng = capture_rng_state()
+                # A new build: its loaders start their own generators, not the saved
+                # ones', and Lightning counts the next reload from it (put back on the
+                # saved schedule, it built them again in this epoch: the script drew a
+                # second subset where the uninterrupted run drew one; measured after an
+                # epoch-end checkpoint, every later batch differed).
+                self.pending_script_generators = None
+                self.restored_reload_epoch = None
+                # In a reload epoch Lightning makes a second iterator when the epoch
+                # starts, which a resumed Lightning skips: each draws a base seed (and
+                # with workers an order), so the resumed epoch drew other orders.
+                self._iterate_again = saved is not None and built_in is not None
                 setup_data()  # a fresh run, or Lightning reloads in this epoch anyway
                 return
             restore_rng_state(saved)
@@ -303,6 +347,18 @@ class LaunchSession:
                 del source.dataloader  # the class's method again
 
         loop.setup_data = build
+        epoch_loop = getattr(loop, "epoch_loop", None)
+        start = getattr(epoch_loop, "on_run_start", None)
+        if epoch_loop is None or start is None:
+            return
+
+        def on_run_start(data_fetcher: Any) -> None:
+            if self._iterate_again:
+                self._iterate_again = False
+                iter(data_fetcher)  # as ``_TrainingEpochLoop.on_run_start`` does unresumed
+            start(data_fetcher)
+
+        epoch_loop.on_run_start = on_run_start
 
     def _start_build(self) -> None:
         """Forgets the loaders of an earlier build when Lightning builds them again.
@@ -317,6 +373,7 @@ class LaunchSession:
             self.samplers = []
             self.pending_loader_states = None
             self.pending_worker_bases = None
+            self.pending_script_generators = None
         self._builds += 1
 
     def reload_epoch(self) -> int | None:
@@ -362,6 +419,17 @@ class LaunchSession:
         done = _batches_done_in_epoch(trainer)
         closed = self.epoch_closed()
         return [s.worker_base_state(done, epoch_closed=closed) for s in self.samplers]
+
+    def script_generator_states(self) -> list[list[Any]]:
+        """Per rebuilt training loader, the script's own generators it draws from (a
+        seeded ``RandomSampler``'s, the loader's ``generator``) as they stand, for the
+        checkpoint: the passes after a resume draw their orders and base seeds there."""
+        from lightning_srifty.capture.resumable_sampler import ResumingBatchSampler
+
+        return [
+            s.script_generator_states() if isinstance(s, ResumingBatchSampler) else []
+            for s in self.samplers
+        ]
 
     def epoch_closed(self) -> bool:
         """Whether the training batches done so far end the epoch (a resume then starts
@@ -412,6 +480,8 @@ class LaunchSession:
         # Trainer whose factor is not 1 yet
         self._replay_at_first_batch = _restarted_inside_epoch(trainer)
         self._resumed_mid_epoch = bool(getattr(trainer.fit_loop, "restarted_mid_epoch", False))
+        if self._resumed_mid_epoch and self._every_training_loader_resumes(trainer):
+            self._undo_quiet = _quiet_unresumable_loader_warning()
         step = self.steps
         self._last_report_step = step
         self._last_ckpt_step = step
@@ -642,9 +712,48 @@ class LaunchSession:
             self._validation_s += time.monotonic() - self._validation_from
             self._validation_from = None
 
+    def _arm_stall_dump(self) -> None:
+        """(Re)starts the timer after which this process writes every thread's stack to
+        stderr (its node log) unless a progress line is due again before.
+
+        The launcher stops a job whose progress lines stopped as hung; the local backend
+        asks it for its stacks first (:data:`~lightning_srifty.core.launch_protocol.
+        STACK_DUMP_SIGNAL`), a cloud backend cannot reach its processes. ``faulthandler``'s
+        timer runs in C, so a rank stuck in native code (a collective that never
+        completes) still writes them. Restarting it costs about 0.2 ms (measured), so it
+        is restarted at most once a second.
+        """
+        limit = self.settings.stall_dump_s
+        if limit is None or self.settings.mode not in proto.RUNNING_MODES:
+            return
+        now = time.monotonic()
+        if self._stall_dump_armed_at is not None and now - self._stall_dump_armed_at < 1.0:
+            return
+        import faulthandler
+
+        try:
+            faulthandler.dump_traceback_later(limit, repeat=False, file=sys.stderr)
+        except (AttributeError, OSError, RuntimeError, ValueError) as exc:  # no usable stderr
+            print(f"srifty: stack dumps after {limit:.0f} s of silence unavailable: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            self.settings = dataclasses.replace(self.settings, stall_dump_s=None)
+            return
+        self._stall_dump_armed_at = now
+
+    def _disarm_stall_dump(self) -> None:
+        if self._stall_dump_armed_at is not None:
+            import faulthandler
+
+            faulthandler.cancel_dump_traceback_later()
+            self._stall_dump_armed_at = None
+
     def close(self) -> None:
+        self._disarm_stall_dump()
         if self.watcher is not None:
             self.watcher.close()
+        if self._undo_quiet is not None:
+            self._undo_quiet()
+            self._undo_quiet = None
         if self._undo_workers is not None:
             self._undo_workers()
             self._undo_workers = None
@@ -709,6 +818,7 @@ class LaunchSession:
         allreduce: tuple[tuple[int, float], ...] = (),
         reason: str = "",
     ) -> None:
+        self._arm_stall_dump()  # every rank passes here at each line rank zero writes
         path = self.settings.progress_path
         if not trainer.is_global_zero or (path is None and not self.settings.progress_stdout):
             return
@@ -805,6 +915,32 @@ def _save_waits_for(trainer: pl.Trainer) -> str | None:
     if fetcher is not None and not trainer.should_stop and epoch_loop._should_check_val_fx(fetcher):
         return "the validation pass due after this batch"
     return None
+
+
+UNRESUMABLE_LOADER_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
+"""The start of Lightning's warning (``training_epoch_loop.reset``) for a mid-epoch
+resume whose loaders have no ``state_dict``; the launcher's rebuilt loaders keep their
+position in their batch sampler instead."""
+
+
+def _quiet_unresumable_loader_warning() -> Callable[[], None]:
+    """Ignores Lightning's "not resumable" warning until the returned function runs: the
+    resume it warns of is exact here, and "unreliable results" would only alarm."""
+    import warnings
+
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    warnings.filterwarnings(
+        "ignore", message=re.escape(UNRESUMABLE_LOADER_WARNING), category=PossibleUserWarning
+    )
+    entry = warnings.filters[0]
+
+    def undo() -> None:
+        filters = warnings.filters
+        if isinstance(filters, list) and entry in filters:
+            filters.remove(entry)  # an "ignore" leaves nothing in the warning caches
+
+    return undo
 
 
 def _restarted_inside_epoch(trainer: pl.Trainer) -> bool:

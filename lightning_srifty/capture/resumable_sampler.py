@@ -42,10 +42,17 @@ the epoch's iterator before it sets the samplers' epoch, and workers draw indice
 soon as they start, so the sampler sets the epoch itself (a ``DistributedSampler``
 ordered the resumed epoch as epoch 0's otherwise).
 
+A ``RandomSampler`` with the script's own generator (``DataLoader(shuffle=True,
+generator=g)``) draws every pass's order from it, and the iterator its workers' base
+seeds: each pass keeps the generator's state as it began drawing its order, a resume
+inside the pass sets it there before the order is drawn, and the script's generators as
+they stood at the checkpoint are restored before the resumed run's first iterator, so
+the later passes draw as the uninterrupted run's (a new process starts them at their
+seed again: every batch after the resume differed).
+
 Left alone: loaders that are not a plain ``torch.utils.data.DataLoader`` (they may be
 stateful already, like torchdata's ``StatefulDataLoader`` or
-:class:`~lightning_srifty.ResumableLoader`), and loaders with a sampler of the user's
-own that has a ``generator``. Randomness inside the dataset drawn from the global
+:class:`~lightning_srifty.ResumableLoader`). Randomness inside the dataset drawn from the global
 generator in the main process is not replayed for the one batch Lightning fetches
 ahead before a resume restores the generators.
 """
@@ -92,6 +99,9 @@ class _Pass:
     workers' generators were not read."""
     finished: bool = False
     """Every batch of the pass was yielded (a shorter loader Lightning cycles)."""
+    order_state: torch.Tensor | None = None
+    """A ``RandomSampler`` with the script's own generator: that generator's state as the
+    pass began drawing its order (after its iterator drew the workers' base seed)."""
 
 
 class ResumingBatchSampler:
@@ -104,10 +114,23 @@ class ResumingBatchSampler:
             ``set_epoch`` or a resume last set.
     """
 
-    def __init__(self, inner: Any, current_epoch: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        current_epoch: Callable[[], int] | None = None,
+        loader_generator: torch.Generator | None = None,
+    ) -> None:
         self.inner = inner
         self._current_epoch = current_epoch
         self.sampler = getattr(inner, "sampler", None)
+        own = getattr(self.sampler, "generator", None)
+        self._script_order = own if isinstance(self.sampler, RandomSampler) else None
+        """The script's own generator of a ``RandomSampler``: it draws every pass's order,
+        so a resume sets it where the pass began (the seed is the script's, once)."""
+        mine = [g for g in (self._script_order, loader_generator) if g is not None]
+        self._script_generators = [g for i, g in enumerate(mine) if g not in mine[:i]]
+        """The script's generators this loader draws from (its order, its workers' base
+        seeds), each kept per rank in the checkpoint as it stands."""
         """Where Lightning looks for ``set_epoch`` (a ``DistributedSampler`` under DDP)."""
         self.batch_size = getattr(inner, "batch_size", None)
         self.drop_last = getattr(inner, "drop_last", False)
@@ -250,7 +273,13 @@ class ResumingBatchSampler:
         if holder is not None:
             seed, batches = holder.seed, holder.start + done - holder.before
             before = holder.before - holder.start  # done before the pass began
+        extra = (
+            {}
+            if holder is None or holder.order_state is None
+            else {"order_state": holder.order_state}
+        )
         return {
+            **extra,
             "state_version": STATE_VERSION,
             "epoch": epoch,
             "seed": seed,
@@ -261,6 +290,19 @@ class ResumingBatchSampler:
             # ``before``: training batches of the epoch before this pass (a shorter
             # loader's earlier passes); ``batches``: where the pass stands
         }
+
+    def script_generator_states(self) -> list[torch.Tensor]:
+        """The script's own generators of this loader as they stand, for the checkpoint."""
+        return [g.get_state() for g in self._script_generators]
+
+    def restore_script_generators(self, states: Any) -> None:
+        """Sets the script's generators to a checkpoint's :meth:`script_generator_states`
+        (before the resumed run's first iterator: later passes draw from them)."""
+        if not isinstance(states, list) or len(states) != len(self._script_generators):
+            return
+        for generator, state in zip(self._script_generators, states, strict=True):
+            if isinstance(state, torch.Tensor):
+                generator.set_state(state)
 
     def __iter__(self) -> Iterator[Any]:
         pending, self._pending = self._pending, None
@@ -307,6 +349,9 @@ class ResumingBatchSampler:
                 # Saved after the epoch's last batch (no Trainer epoch to tell): the next
                 # epoch starts afresh, not a whole pass's worth of batches skipped.
                 pending, before, skip = None, before + skip, 0
+        order_state = pending.get("order_state") if pending is not None else None
+        if self._script_order is not None and isinstance(order_state, torch.Tensor):
+            self._script_order.set_state(order_state)  # the order the pass had drawn
         if pending is not None:
             self.seed = pending.get("seed")
         elif shuffled:
@@ -319,6 +364,8 @@ class ResumingBatchSampler:
             base_state=base_state,
             worker_states=worker_states,
         )
+        if self._script_order is not None and self._script_order is not self._order_generator:
+            this_pass.order_state = self._script_order.get_state()
         self._passes.append(this_pass)
         order: torch.Generator | None = None
         if shuffled and self.seed is not None:
@@ -764,15 +811,14 @@ def make_resumable(
         )
     if not isinstance(loader.batch_sampler, BatchSampler):
         return None
-    sampler = loader.batch_sampler.sampler
-    if isinstance(sampler, RandomSampler) and sampler.generator is not None:
-        return None  # the user seeds it: its order already repeats
     kwargs = _loader_kwargs(loader)
     if replays_persistent_workers(loader):
         kwargs["collate_fn"] = _ReportingCollate(loader.collate_fn)
     return WorkerReplayingLoader(
         loader.dataset,
-        batch_sampler=ResumingBatchSampler(loader.batch_sampler, current_epoch),
+        batch_sampler=ResumingBatchSampler(
+            loader.batch_sampler, current_epoch, loader_generator=loader.generator
+        ),
         **kwargs,
     )
 

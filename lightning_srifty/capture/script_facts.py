@@ -89,7 +89,11 @@ def install(env: Mapping[str, str] | None = None) -> Callable[[], None]:
         explicit = explicit_arguments(kwargs, defaults, from_cli=from_cli)
         if from_cli:
             kwargs = _cli_defaults_from_env(kwargs, defaults, environ)
-        original_init(self, *args, **kwargs)
+        try:
+            original_init(self, *args, **kwargs)
+        except Exception:
+            _stop_if_no_gpu_for(explicit.get("accelerator"), environ)
+            raise
         _FACTS[self] = {
             "entry_point": "lightning_cli" if from_cli else "script",
             "explicit": explicit,
@@ -131,6 +135,50 @@ def _stop_without_callback(environ: Mapping[str, str]) -> None:
         (Path(state_dir) / proto.NO_CALLBACK_MARKER).write_text(proto.NO_CALLBACK_MESSAGE + "\n")
     print(f"srifty: {proto.NO_CALLBACK_MESSAGE}", file=sys.stderr, flush=True)
     raise SystemExit(proto.NO_CALLBACK_EXIT_CODE)
+
+
+GPU_ACCELERATORS = ("gpu", "cuda")
+"""``Trainer(accelerator=...)`` values that need an NVIDIA GPU."""
+
+
+def no_gpu_message(accelerator: str, environ: Mapping[str, str]) -> str:
+    """Why a script fixing ``Trainer(accelerator=accelerator)`` cannot be profiled here,
+    and what to do: the launcher hid the GPUs (the local backend trains on the CPU), or
+    this machine has none."""
+    fixed = f"the script fixes Trainer(accelerator={accelerator!r})"
+    leave = (
+        "leave accelerator= out (on GPU VMs the launcher sets it to 'gpu' through "
+        f"{proto.TRAINER_ENV_PREFIX}ACCELERATOR)"
+    )
+    if environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return (
+            f"{fixed}, and the local backend runs every process on this machine's CPU (a "
+            f"node of N processes would need N GPUs): {leave}, or launch from a GPU "
+            "machine with --backend sky"
+        )
+    return (
+        f"{fixed}, and this machine has no GPU to profile on: {leave}, or profile on a GPU "
+        "machine and pass its profile with --profile P.json"
+    )
+
+
+def _stop_if_no_gpu_for(accelerator: Any, environ: Mapping[str, str]) -> None:
+    """Ends the profiling run in one line where the script's ``Trainer`` failed because
+    it asks for a GPU that this process cannot see (Lightning's own error says only "No
+    supported gpu backend found!"); any other failure is left to propagate."""
+    if not isinstance(accelerator, str) or accelerator.lower() not in GPU_ACCELERATORS:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    message = no_gpu_message(accelerator, environ)
+    state_dir = environ.get(proto.ENV_STATE_DIR)
+    if state_dir:
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        (Path(state_dir) / proto.NO_GPU_FOR_PROFILE_MARKER).write_text(message + "\n")
+    print(f"srifty: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(proto.NO_GPU_EXIT_CODE)
 
 
 def _cli_defaults_from_env(

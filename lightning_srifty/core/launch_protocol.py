@@ -76,6 +76,9 @@ NO_CALLBACK_MESSAGE = (
     "SriftyCallback` and `Trainer(callbacks=[SriftyCallback()])`; nothing was trained"
 )
 """The profiling run's exit status when the script's Trainer has no callback."""
+NO_GPU_FOR_PROFILE_MARKER = "no-gpu-for-profile"
+"""Written by the profiling run when the script's ``Trainer(accelerator="gpu")`` finds
+no GPU to profile on, with the one-line reason and what to do."""
 PREEMPTED_EXIT_CODE = 75
 """The job's exit status after an emergency checkpoint (``EX_TEMPFAIL``: try again)."""
 
@@ -84,6 +87,12 @@ STACK_DUMP_SIGNAL = "SIGUSR2"
 (``faulthandler``, from C, so a process stuck in native code answers too). The local
 backend sends it to a process still alive when a revocation's grace after SIGTERM ends,
 just before SIGKILL: the log then says where it hung."""
+ENV_STALL_DUMP_S = "SRIFTY_STALL_DUMP_S"
+"""Seconds without a progress line after which a running job writes every thread's stack
+to its log itself (the launcher sets it under its stall limit, so the stacks are there
+before the job is stopped as hung, whatever the backend)."""
+STALL_DUMP_SHARE = 0.9
+"""The share of the launcher's stall limit after which a silent job dumps its stacks."""
 
 NO_GPU_EXIT_CODE = 4
 """A node SkyPilot gave GPUs on which torch sees fewer than the job needs: the run

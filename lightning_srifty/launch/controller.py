@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -522,6 +523,14 @@ class Controller:
         interval = self.checkpoint_interval_s or plan.checkpoint_interval_s
         if interval:
             env[proto.ENV_CHECKPOINT_INTERVAL_S] = f"{interval:.3f}"
+        limit = (
+            self._stall_limit_s(self.expectation)
+            if self.expectation is not None
+            else (self.stall_timeout_s or math.inf)
+        )
+        if math.isfinite(limit):
+            # the job writes its stacks to its log itself, before it is stopped as hung
+            env[proto.ENV_STALL_DUMP_S] = f"{proto.STALL_DUMP_SHARE * limit:.1f}"
         return env
 
     def probe(

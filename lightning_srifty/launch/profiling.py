@@ -155,6 +155,9 @@ def run_profile(
     attached = (state_dir / proto.ATTACHED_MARKER).exists()
     if (state_dir / proto.NO_CALLBACK_MARKER).exists():
         raise LaunchError(f"{script}: {proto.NO_CALLBACK_MESSAGE}")
+    no_gpu = state_dir / proto.NO_GPU_FOR_PROFILE_MARKER
+    if no_gpu.exists():
+        raise LaunchError(f"{script}: {no_gpu.read_text().strip()}")
     if code != 0:
         where = "during profiling" if attached else "before SriftyCallback was set up"
         raise LaunchError(

@@ -82,6 +82,49 @@ def test_a_run_that_is_not_profiling_never_reports_its_profile_too_short(
     assert not (state / proto.SHORT_PROFILE_MARKER).exists()
 
 
+@pytest.mark.parametrize("launched", [True, False], ids=["launched", "plain"])
+def test_a_resume_inside_an_epoch_is_called_unreliable_only_where_it_is(
+    launched: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning warns that a mid-epoch resume whose loader lacks ``state_dict`` "can
+    cause unreliable results". The launcher's rebuilt loaders resume at the exact batch,
+    so there the warning would only alarm (seen on Lightning's ``basics/transformer.py``);
+    a plain Lightning resume of the same loader still gets it."""
+    import warnings
+
+    store = str(tmp_path / "store")
+    env = {proto.ENV_MODE: proto.MODE_TRAIN, proto.ENV_CHECKPOINT_URI: store,
+           proto.ENV_TARGET_STEPS: "4"}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def fit(target: int, **fit_args: object) -> list[str]:
+        monkeypatch.setenv(proto.ENV_TARGET_STEPS, str(target))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            pl.Trainer(max_steps=target if not launched else -1, logger=False,
+                       enable_checkpointing=False, enable_progress_bar=False,
+                       enable_model_summary=False, default_root_dir=tmp_path,
+                       callbacks=[SriftyCallback(verbose=False)],
+                       ).fit(_Shuffled(False), **fit_args)  # fmt: skip
+        return [str(w.message) for w in seen]
+
+    fit(4)  # 4 of an epoch's 10 batches, saved at the target
+    newest = open_store(store).refs()[0]
+    assert newest.step == 4
+    if not launched:
+        monkeypatch.delenv(proto.ENV_MODE)
+        monkeypatch.delenv(proto.ENV_CHECKPOINT_URI)
+        fetched = open_store(store).fetch_latest(tmp_path / "fetched")
+        assert fetched is not None
+        said = fit(6, ckpt_path=str(fetched[0]))
+    else:
+        said = fit(6)
+        assert open_store(store).refs()[0].step == 6
+    unreliable = [m for m in said if "ended before the epoch ended" in m]
+    assert bool(unreliable) != launched, said
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -287,6 +330,59 @@ def test_a_resume_from_an_epochs_last_batch_draws_the_next_epochs_order_as_unint
     assert {**first, **second} == whole
 
 
+class _SeededShuffle(_Shuffled):
+    """A shuffled loader ordered by the script's own seeded generator (the way to make
+    a ``DataLoader`` reproducible that PyTorch documents), with or without workers."""
+
+    def __init__(self, workers: int = 0, persistent: bool = False) -> None:
+        super().__init__(False)
+        self.workers, self.persistent = workers, persistent
+
+    def train_dataloader(self) -> object:
+        import torch
+        from torch.utils.data import DataLoader
+
+        return DataLoader(_Augmenting(), batch_size=16, shuffle=True,
+                          generator=torch.Generator().manual_seed(7),
+                          num_workers=self.workers,
+                          persistent_workers=self.persistent)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("stop", "workers", "persistent", "reload"),
+    [(4, 0, False, 0), (10, 0, False, 0), (14, 0, False, 0), (14, 2, False, 0),
+     (14, 2, True, 0), (10, 0, False, 1), (14, 0, False, 1)],
+    ids=["first-epoch", "epoch-end", "second-epoch", "workers", "persistent-workers",
+         "reloaded-at-epoch-end", "reloaded-inside-epoch"],
+)  # fmt: skip
+def test_a_loader_seeded_by_the_script_resumes_at_its_exact_batch(
+    stop: int,
+    workers: int,
+    persistent: bool,
+    reload: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``DataLoader(shuffle=True, generator=torch.Generator().manual_seed(7))`` draws every
+    epoch's order, and its workers' base seeds, from the script's generator. The loader
+    was left as it was, so a resume started a new process's generator at the seed again:
+    every batch after a resume inside an epoch differed from the uninterrupted run. A
+    script that reloads its loaders every epoch makes a new generator each time: a
+    resume into a new build keeps it at its seed, one inside a build restores it."""
+
+    def fit(steps: int, store: Path) -> dict[int, str]:
+        pl.seed_everything(0)
+        module = _SeededShuffle(workers, persistent)
+        return _fit_module(module, steps, store, monkeypatch, reload_every=reload)
+
+    whole = fit(30, tmp_path / "whole")
+    first = fit(stop, tmp_path / "split")
+    assert open_store(str(tmp_path / "split")).refs()[0].step == stop
+    second = fit(30, tmp_path / "split")
+    assert sorted(second) == list(range(stop + 1, 31))
+    assert {**first, **second} == whole
+
+
 class _Augmenting:
     """A map-style dataset that draws a random augmentation in ``__getitem__`` from the
     torch, numpy and ``random`` generators of whatever process loads it (a DataLoader
@@ -352,9 +448,10 @@ def test_a_resume_inside_an_epoch_replays_the_augmentations_its_workers_drew(
 
 @pytest.mark.parametrize(
     ("reload_every", "workers", "stop"),
-    [(1, 0, 13), (1, 2, 13), (2, 0, 15), (2, 2, 20)],
+    [(1, 0, 13), (1, 2, 13), (2, 0, 15), (2, 2, 20), (1, 0, 10), (1, 2, 10)],
     ids=["every-epoch-inside", "every-epoch-inside-workers", "every-2-between-reloads",
-         "every-2-at-an-epoch-end-workers"],
+         "every-2-at-an-epoch-end-workers", "every-epoch-at-an-epoch-end",
+         "every-epoch-at-an-epoch-end-workers"],
 )  # fmt: skip
 def test_a_script_that_reloads_its_loaders_resumes_at_the_exact_batch(
     reload_every: int, workers: int, stop: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -403,9 +500,10 @@ class _ReloadedLoader(_Shuffled):
 @pytest.mark.parametrize(
     ("kind", "reload_every", "stops"),
     [("epoch", 2, (7,)), ("epoch", 2, (13,)), ("epoch", 2, (10, 20)), ("subset", 1, (13,)),
-     ("subset", 2, (11, 19))],
+     ("subset", 2, (11, 19)), ("subset", 1, (8, 16))],
     ids=["curriculum-between-reloads", "curriculum-in-a-reload-epoch",
-         "curriculum-epoch-end-then-between", "subset-every-epoch", "subset-twice"],
+         "curriculum-epoch-end-then-between", "subset-every-epoch", "subset-twice",
+         "subset-every-epoch-at-epoch-ends"],
 )  # fmt: skip
 def test_a_reloaded_loader_that_reads_the_epoch_or_draws_resumes_as_built(
     kind: str,
@@ -634,6 +732,47 @@ def _run_accumulating(
     return done.returncode
 
 
+@pytest.mark.parametrize("hangs", [True, False], ids=["hangs", "healthy"])
+def test_a_silent_job_writes_its_stacks_before_it_is_stopped_and_a_healthy_one_does_not(
+    hangs: bool, tmp_path: Path
+) -> None:
+    """Under ``SRIFTY_STALL_DUMP_S`` a job whose progress lines stop writes every thread's
+    stack to its log and keeps running (the launcher decides what to do); one whose lines
+    keep coming, though it runs longer than that, writes none. On a cloud backend the
+    launcher cannot signal the job's processes for their stacks; this needs nobody to."""
+    env = {**os.environ, proto.ENV_MODE: proto.MODE_TRAIN,
+           proto.ENV_CHECKPOINT_URI: str(tmp_path / "store"),
+           proto.ENV_TARGET_STEPS: "40", proto.ENV_STATE_DIR: str(tmp_path / "state"),
+           proto.ENV_PROGRESS_PATH: str(tmp_path / "progress.jsonl"),
+           proto.ENV_STALL_DUMP_S: "2", "STEP_SLEEP_S": "0.1", "OMP_NUM_THREADS": "1",
+           "HANG_AT": "5" if hangs else "0"}  # fmt: skip
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as sink:
+        argv = [sys.executable, str(ACCUMULATING), "--accumulate", "1"]
+        job = subprocess.Popen(  # noqa: S603 - fixed argv
+            argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=sink
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and job.poll() is None:
+                if hangs and "hang_here" in err.read_text():
+                    break
+                time.sleep(0.2)
+            alive = job.poll() is None
+        finally:
+            job.kill()
+            job.wait()
+    said = err.read_text()
+    if hangs:
+        assert alive, said[-3000:]  # the dump ends nothing
+        assert "Timeout (0:00:02)!" in said and "training_step" in said, said[-3000:]
+    else:
+        assert job.returncode in (0, -signal.SIGKILL) and not alive
+        assert "Timeout (" not in said, said[-3000:]
+        lines = (tmp_path / "progress.jsonl").read_text().splitlines()
+        assert ProgressEvent.from_line(lines[-1]).event == "done"  # 40 steps of 0.1 s
+
+
 def _batch_losses(log: Path) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for line in log.read_text().splitlines():
@@ -759,9 +898,11 @@ def test_ranks_told_of_a_preemption_inside_a_cycle_save_together_at_its_optimize
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "persistent"])
+@pytest.mark.parametrize(
+    "loader", ["per-epoch", "persistent", "seeded-per-rank"], ids=lambda x: str(x)
+)
 def test_ranks_whose_workers_augment_resume_each_ranks_draws_after_a_preemption(
-    persistent: bool, tmp_path: Path
+    loader: str, tmp_path: Path
 ) -> None:
     """Two DDP processes seeded apart, each loading its batches in two workers that draw
     a random shift per sample: rank 1 is preempted inside its 7th batch (the second
@@ -770,8 +911,12 @@ def test_ranks_whose_workers_augment_resume_each_ranks_draws_after_a_preemption(
     order (a resumed Lightning creates the iterator, whose workers start drawing at once,
     before it sets the sampler's epoch), and their augmentations came from a new base
     seed. Persistent workers carry their generators from epoch 0 into the resumed epoch:
-    each rank's are restored from its own report."""
-    more = ("--persistent",) if persistent else ()
+    each rank's are restored from its own report. A loader with the script's own
+    generator, seeded apart per rank, draws its workers' base seeds from it: each rank's
+    is restored from its own state (before, the epochs after the resumed one differed)."""
+    more = {"per-epoch": (), "persistent": ("--persistent",), "seeded-per-rank": ("--seeded",)}[
+        loader
+    ]
     newest, whole, split = _preempted_then_resumed(
         tmp_path, 7, "--sigterm-rank", "1", "--accumulate", "1", "--augment-workers", "2",
         *more, processes=2, sleep_s=0.25, target=20,

@@ -82,3 +82,36 @@ def test_fit_with_the_callback_trains(tmp_path: Path) -> None:
                                                        verbose=False)])  # fmt: skip
         trainer.fit(BoringModel())
     assert trainer.global_step == 3
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="needs a process that sees no GPU"
+)
+@pytest.mark.parametrize(
+    ("hidden", "said"),
+    [(True, "the local backend runs every process on this machine's CPU"),
+     (False, "this machine has no GPU to profile on")],
+    ids=["local-backend", "no-gpu"],
+)  # fmt: skip
+def test_a_trainer_fixed_to_a_gpu_that_is_not_there_stops_in_one_line(
+    hidden: bool, said: str, tmp_path: Path
+) -> None:
+    """Lightning's own error says "No supported gpu backend found!" and nothing of what
+    to do (seen profiling Lightning's ``generative_adversarial_net.py``)."""
+    env = {proto.ENV_STATE_DIR: str(tmp_path / "state")}
+    if hidden:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    with installed(env), pytest.raises(SystemExit) as stopped:
+        pl.Trainer(accelerator="gpu", devices=1, logger=False, default_root_dir=tmp_path)
+    assert stopped.value.code == proto.NO_GPU_EXIT_CODE
+    marker = (tmp_path / "state" / proto.NO_GPU_FOR_PROFILE_MARKER).read_text()
+    assert "Trainer(accelerator='gpu')" in marker and said in marker
+    assert "leave accelerator= out" in marker
+
+
+def test_a_trainer_that_fails_for_another_reason_raises_its_own_error(tmp_path: Path) -> None:
+    env = {proto.ENV_STATE_DIR: str(tmp_path / "state")}
+    with installed(env), pytest.raises(Exception, match="precision") as raised:
+        pl.Trainer(accelerator="cpu", precision="bogus", logger=False, default_root_dir=tmp_path)
+    assert not isinstance(raised.value, SystemExit)
+    assert not (tmp_path / "state" / proto.NO_GPU_FOR_PROFILE_MARKER).exists()

@@ -347,6 +347,18 @@ pl.Trainer(max_steps=5, logger=False, enable_checkpointing=False,
            default_root_dir={root!r}).fit(DigitsModule(hidden=16), DigitsDataModule())
 """
 
+GPU_FIXED = """
+import sys
+sys.path.insert(0, {examples!r})
+import lightning.pytorch as pl
+from digits import DigitsDataModule, DigitsModule
+from lightning_srifty import SriftyCallback
+
+pl.Trainer(accelerator="gpu", devices=1, max_steps=50, callbacks=[SriftyCallback()],
+           logger=False, enable_checkpointing=False, default_root_dir={root!r}).fit(
+    DigitsModule(hidden=16), DigitsDataModule())
+"""
+
 TOO_SHORT = """
 import sys
 sys.path.insert(0, {examples!r})
@@ -375,6 +387,11 @@ pl.Trainer(max_epochs=1, limit_train_batches=3, callbacks=[SriftyCallback()], lo
         ("unknown-cluster-type", "'p9.huge' is not an instance type"),
         ("resume-nothing", "the folder does not exist"),
         ("no-callback", "has no SriftyCallback"),
+        (
+            "gpu-fixed",
+            "fixes Trainer(accelerator='gpu'), and the local backend runs every process on "
+            "this machine's CPU",
+        ),
         ("sky-missing", "--backend sky needs SkyPilot, which is not installed: pip install"),
         ("crash", "crashed during profiling (exit code 1); its own traceback is above"),
         (
@@ -422,8 +439,10 @@ def test_failures_are_one_line_with_a_nonzero_exit(
     elif case == "sky-missing":
         monkeypatch.setitem(sys.modules, "sky", None)  # what `import sky` sees without it
         args += ["--backend", "sky", "--checkpoint-uri", "s3://bucket/x"]
-    elif case in ("no-callback", "crash", "too-short"):
-        body = {"no-callback": NO_CALLBACK, "crash": CRASHING, "too-short": TOO_SHORT}[case]
+    elif case in ("no-callback", "crash", "too-short", "gpu-fixed"):
+        bodies = {"no-callback": NO_CALLBACK, "crash": CRASHING, "too-short": TOO_SHORT,
+                  "gpu-fixed": GPU_FIXED}  # fmt: skip
+        body = bodies[case]
         path = tmp_path / f"{case}.py"
         path.write_text(body.format(examples=str(EXAMPLES), root=str(tmp_path / "root")))
         args = [str(path), *target, *run]

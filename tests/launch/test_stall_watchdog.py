@@ -62,6 +62,11 @@ def test_a_hung_job_is_relaunched_from_its_checkpoint_and_a_long_validation_is_n
     assert said and int(said.group(1)) >= 3 and int(said.group(2)) == last_reported
     # half-way through the silence the user was told what would happen
     assert f"no progress line for 2 s after step {last_reported}: taken as a hang" in out
+    # the job wrote its own stacks under the stall limit, before the launcher stopped it
+    # (a cloud backend cannot ask it for them): faulthandler's timeout, at 90 % of 3 s
+    hung_log = (run / "attempt-1" / "node-0.log").read_text(errors="replace")
+    assert "Timeout (0:00:02.700000)!" in hung_log, attempt_logs(in_tmp)
+    assert "training_step" in hung_log.split("Timeout (0:00:02.700000)!")[1]
 
 
 def test_a_start_up_that_hangs_before_its_first_progress_line_is_relaunched(

@@ -7,6 +7,7 @@ batch, each loss with every digit, on rank zero. ``--sigterm-at N`` makes rank
 ``--sigterm-rank`` send itself SIGTERM inside its N-th batch of the run, as a spot VM's
 shutdown would (batches count from the run's start, restored ones included).
 ``STEP_SLEEP_S=<s>`` makes every batch take at least that long (the losses do not change).
+``HANG_AT=<n>`` makes batch ``n`` hang (in ``hang_here``) until the process is killed.
 
 ``--accumulate K`` sets ``accumulate_grad_batches`` (3); ``--schedule`` instead
 accumulates by Lightning's ``GradientAccumulationScheduler``, 1 batch for the first two
@@ -16,14 +17,16 @@ epochs and 3 from the third; ``--swa-from E`` adds Lightning's
 on the validation loss. ``--augment-workers N`` loads the batches in N DataLoader workers
 (from a fork server), each sample with a random shift drawn there, and seeds each rank apart (rank
 ``r`` from seed ``r``), so every rank's workers draw from a base seed of their own.
-``--persistent`` keeps those workers from epoch to epoch. ``--reload-every N`` sets
+``--persistent`` keeps those workers from epoch to epoch. ``--seeded`` gives that loader
+a generator of its own, seeded apart per rank (``100 + r``), which draws its workers'
+base seeds. ``--reload-every N`` sets
 ``reload_dataloaders_every_n_epochs``; each build then trains on a random 128 of the 160
 samples, drawn from the global generator (ranks seeded apart as for
 ``--augment-workers``, so every rank draws a subset of its own).
 
     python accumulating.py [--sigterm-at N] [--sigterm-rank R] [--accumulate K | --schedule]
                            [--swa-from E] [--plateau] [--augment-workers N]
-                           [--persistent] [--reload-every N]
+                           [--persistent] [--seeded] [--reload-every N]
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ class Shifted(TensorDataset):
         return x + 0.1 * torch.randn(8) + random.uniform(-0.1, 0.1), y
 
 
+def hang_here() -> None:
+    """A stuck step, as a collective that never completes would leave one."""
+    while True:
+        time.sleep(3600)
+
+
 class Accumulating(pl.LightningModule):
     def __init__(
         self,
@@ -60,10 +69,14 @@ class Accumulating(pl.LightningModule):
         workers: int = 0,
         subsets: bool = False,
         persistent: bool = False,
+        seeded: bool = False,
     ) -> None:
         super().__init__()
         self.sigterm_at, self.sigterm_rank, self.plateau = sigterm_at, sigterm_rank, plateau
         self.workers, self.subsets, self.persistent = workers, subsets, persistent
+        # the loader's own generator, seeded apart per rank: its workers' base seeds
+        rank = int(os.environ.get("RANK", "0"))
+        self.generator = torch.Generator().manual_seed(100 + rank) if seeded else None
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3),
                                        torch.nn.Linear(16, 2))  # fmt: skip
 
@@ -77,7 +90,7 @@ class Accumulating(pl.LightningModule):
             shifted = Shifted(x, y)
             context = "forkserver"
             return DataLoader(shifted, batch_size=16, shuffle=True, num_workers=self.workers,
-                              multiprocessing_context=context,
+                              multiprocessing_context=context, generator=self.generator,
                               persistent_workers=self.persistent)  # fmt: skip
         return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
 
@@ -91,6 +104,8 @@ class Accumulating(pl.LightningModule):
         x, y = batch
         loss = torch.nn.functional.cross_entropy(self.net(x), y)
         done = self.current_epoch * int(self.trainer.num_training_batches) + batch_idx + 1
+        if done == int(os.environ.get("HANG_AT", "0")):
+            hang_here()
         if done == self.sigterm_at and self.global_rank == self.sigterm_rank:
             os.kill(os.getpid(), signal.SIGTERM)
         log = os.environ.get("LOSS_LOG")
@@ -122,6 +137,7 @@ def main() -> None:
     parser.add_argument("--plateau", action="store_true")
     parser.add_argument("--augment-workers", type=int, default=0)
     parser.add_argument("--persistent", action="store_true")
+    parser.add_argument("--seeded", action="store_true")
     parser.add_argument("--reload-every", type=int, default=0)
     args = parser.parse_args()
     apart = args.augment_workers or args.reload_every
@@ -140,7 +156,7 @@ def main() -> None:
                callbacks=callbacks,
                ).fit(Accumulating(args.sigterm_at, args.sigterm_rank, args.plateau,
                                   args.augment_workers, args.reload_every > 0,
-                                  args.persistent))  # fmt: skip
+                                  args.persistent, args.seeded))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -728,16 +728,20 @@ class PerformanceModel:
 
         fwd_share, bwd_share = self._phase_shares(profile)
         detailed = profile.is_detailed and bool(profile.layers)
+        # a manual step's backward passes each end in a whole-gradient all-reduce, each
+        # overlapping its own pass (the profile's backward time is all of them)
+        syncs = profile.gradient_syncs_per_batch
         if detailed and grad_bytes > 0:
             bucket_bytes, ready = self._bucket_layout(profile)
             costs = [links.allreduce_s(float(size), 1) for size in bucket_bytes]
-            allreduce = np.sum(costs, axis=0) if costs else np.zeros(n)
-            _, exposed = simulate_overlap(compute * bwd_share, ready, costs)
-            synced = compute + exposed
+            allreduce = syncs * (np.sum(costs, axis=0) if costs else np.zeros(n))
+            _, exposed = simulate_overlap(compute * bwd_share / syncs, ready, costs)
+            synced = compute + syncs * exposed
         else:
-            allreduce = links.allreduce_s(grad_bytes, bucket_count(int(grad_bytes)))
-            synced = compute + exposed_allreduce_s(
-                allreduce, compute * bwd_share, phys.tail_fraction, phys.overlap_window
+            one = links.allreduce_s(grad_bytes, bucket_count(int(grad_bytes)))
+            allreduce = syncs * one
+            synced = compute + syncs * exposed_allreduce_s(
+                one, compute * bwd_share / syncs, phys.tail_fraction, phys.overlap_window
             )
         overhead = np.where(world > 1, phys.step_overhead_s, 0.0)
         # values the script logs each step with sync_dist=True: one blocking all-reduce

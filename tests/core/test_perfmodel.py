@@ -165,6 +165,33 @@ def test_each_value_logged_with_sync_dist_adds_a_scalar_all_reduce_a_step() -> N
     assert model.predict(logs, one_group(1, 1)).step_s == alone
 
 
+@pytest.mark.parametrize("detailed", [False, True], ids=["coarse", "detailed"])
+def test_a_manual_step_all_reduces_its_gradient_after_each_of_its_backward_passes(
+    detailed: bool,
+) -> None:
+    """A GAN's ``training_step`` steps two optimizers, each after its own backward pass,
+    and DDP (with ``find_unused_parameters``, as the launcher runs manual scripts)
+    reduces the whole gradient after each: twice the all-reduce of the same step under
+    automatic optimisation, each overlapping only its own pass. Measured on Lightning's
+    ``generative_adversarial_net.py`` (2 processes, 8.2 MB of gradients): the step
+    priced with one all-reduce was 33.8 ms [26.3, 44.0] against 52.9 ms measured."""
+    base = PROFILE if detailed else coarse({16: 0.18}, grad_bytes=50_000_000)
+    manual = {"automatic_optimization": False, "optimizer_steps_per_batch": 2.0}
+    gan = dataclasses.replace(base, extra={**base.extra, "trainer": manual})
+    auto = {"automatic_optimization": True, "optimizer_steps_per_batch": 1.0}
+    plain = dataclasses.replace(base, extra={**base.extra, "trainer": auto})
+    assert (gan.gradient_syncs_per_batch, plain.gradient_syncs_per_batch) == (2, 1)
+    model = PerformanceModel(SPECS, Calibration(PHYS))
+    one = model.predict(plain, one_group(2, 4))
+    two = model.predict(gan, one_group(2, 4))
+    assert two.allreduce_s == pytest.approx(2 * one.allreduce_s)
+    assert two.step_s > one.step_s
+    assert two.step_s <= one.step_s + one.allreduce_s + 1e-12  # at most a second, unhidden
+    assert (
+        model.predict(gan, one_group(1, 1)).step_s == model.predict(plain, one_group(1, 1)).step_s
+    )
+
+
 def linked(links: NodeLinks, count: int = 4, acc: str = "T4") -> Offer:
     return dataclasses.replace(offer(acc, count), links=links)
 

@@ -52,9 +52,9 @@ seed again: every batch after the resume differed).
 
 Left alone: loaders that are not a plain ``torch.utils.data.DataLoader`` (they may be
 stateful already, like torchdata's ``StatefulDataLoader`` or
-:class:`~lightning_srifty.ResumableLoader`). Randomness inside the dataset drawn from the global
-generator in the main process is not replayed for the one batch Lightning fetches
-ahead before a resume restores the generators.
+:class:`~lightning_srifty.ResumableLoader`). Randomness inside the dataset drawn from
+the global generator in the main process is not replayed for the one batch Lightning
+fetches ahead before a resume restores the generators.
 """
 
 from __future__ import annotations
@@ -112,6 +112,8 @@ class ResumingBatchSampler:
         current_epoch: The Trainer's epoch. Lightning calls ``set_epoch`` on the inner
             sampler, never on a batch sampler, so without it the epoch is the one
             ``set_epoch`` or a resume last set.
+        loader_generator: The loader's own ``generator``, if the script gave one: its
+            iterators draw their workers' base seeds from it, so a checkpoint keeps it.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class ResumingBatchSampler:
         self.inner = inner
         self._current_epoch = current_epoch
         self.sampler = getattr(inner, "sampler", None)
+        """Where Lightning looks for ``set_epoch`` (a ``DistributedSampler`` under DDP)."""
         own = getattr(self.sampler, "generator", None)
         self._script_order = own if isinstance(self.sampler, RandomSampler) else None
         """The script's own generator of a ``RandomSampler``: it draws every pass's order,
@@ -131,7 +134,6 @@ class ResumingBatchSampler:
         self._script_generators = [g for i, g in enumerate(mine) if g not in mine[:i]]
         """The script's generators this loader draws from (its order, its workers' base
         seeds), each kept per rank in the checkpoint as it stands."""
-        """Where Lightning looks for ``set_epoch`` (a ``DistributedSampler`` under DDP)."""
         self.batch_size = getattr(inner, "batch_size", None)
         self.drop_last = getattr(inner, "drop_last", False)
         self.epoch = 0

@@ -73,6 +73,7 @@ from lightning_srifty.core.links import (
 )
 from lightning_srifty.core.lognormal import Z90
 from lightning_srifty.core.profile import LayerTiming, Profile
+from lightning_srifty.core.script_trainer import gradient_syncs_per_batch
 from lightning_srifty.core.trees import cell_codes
 from lightning_srifty.core.validation import validation_cost
 
@@ -730,7 +731,7 @@ class PerformanceModel:
         detailed = profile.is_detailed and bool(profile.layers)
         # a manual step's backward passes each end in a whole-gradient all-reduce, each
         # overlapping its own pass (the profile's backward time is all of them)
-        syncs = profile.gradient_syncs_per_batch
+        syncs = gradient_syncs_per_batch(profile)
         if detailed and grad_bytes > 0:
             bucket_bytes, ready = self._bucket_layout(profile)
             costs = [links.allreduce_s(float(size), 1) for size in bucket_bytes]

@@ -459,24 +459,6 @@ class Profile:
         return self.kind == "detailed"
 
     @property
-    def gradient_syncs_per_batch(self) -> int:
-        """Gradient all-reduces a data-parallel run makes per training batch.
-
-        A manual ``training_step`` (``automatic_optimization=False``, a GAN) runs a
-        backward pass before each of its optimizer steps, and DDP all-reduces after every
-        backward pass; the launcher runs such scripts with ``find_unused_parameters``,
-        which reduces the whole gradient each time (the parameters a pass did not use as
-        zeros). Read from ``extra.trainer``'s optimizer steps per batch; 1 otherwise.
-        """
-        trainer = self.extra.get("trainer")
-        if not isinstance(trainer, dict) or trainer.get("automatic_optimization") is not False:
-            return 1
-        ratio = trainer.get("optimizer_steps_per_batch")
-        if not isinstance(ratio, int | float) or not ratio >= 1:
-            return 1
-        return max(int(round(float(ratio))), 1)
-
-    @property
     def synced_logs_per_step(self) -> int:
         """Values the script logs every step with ``sync_dist=True`` (``extra.synced_logs``).
 

@@ -322,3 +322,19 @@ def _schedule_pairs(recorded: Any) -> tuple[tuple[int, int], ...]:
         return tuple(sorted((int(epoch), max(int(k), 1)) for epoch, k in recorded.items()))
     except (TypeError, ValueError):
         return ()
+
+
+def gradient_syncs_per_batch(profile: Profile) -> int:
+    """Gradient all-reduces a data-parallel run makes per training batch.
+
+    A manual ``training_step`` (``automatic_optimization=False``, a GAN) runs a backward
+    pass before each of its optimizer steps, and DDP all-reduces after every backward
+    pass; the launcher runs such scripts with ``find_unused_parameters``, which reduces
+    the whole gradient each time (the parameters a pass did not use as zeros). The count
+    is the profile's optimizer steps a batch (:meth:`ScriptStop.of`); 1 otherwise.
+    """
+    stop = ScriptStop.of(profile)
+    if stop is None or stop.automatic_optimization is not False:
+        return 1
+    ratio = stop.optimizer_steps_per_batch
+    return max(int(round(ratio)), 1) if ratio is not None and ratio >= 1 else 1

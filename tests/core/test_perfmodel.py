@@ -40,6 +40,7 @@ from lightning_srifty.core.profile import (
     Spread,
     StepTimes,
 )
+from lightning_srifty.core.script_trainer import gradient_syncs_per_batch
 from lightning_srifty.core.trees import Tree, TreeEnsemble
 
 SPECS = {
@@ -180,7 +181,7 @@ def test_a_manual_step_all_reduces_its_gradient_after_each_of_its_backward_passe
     gan = dataclasses.replace(base, extra={**base.extra, "trainer": manual})
     auto = {"automatic_optimization": True, "optimizer_steps_per_batch": 1.0}
     plain = dataclasses.replace(base, extra={**base.extra, "trainer": auto})
-    assert (gan.gradient_syncs_per_batch, plain.gradient_syncs_per_batch) == (2, 1)
+    assert (gradient_syncs_per_batch(gan), gradient_syncs_per_batch(plain)) == (2, 1)
     model = PerformanceModel(SPECS, Calibration(PHYS))
     one = model.predict(plain, one_group(2, 4))
     two = model.predict(gan, one_group(2, 4))
